@@ -1,0 +1,338 @@
+//! Shared test helpers: deterministic inputs whose reductions are exact in every type, an
+//! independent reference for every collective (computed in i128 / f64 and rounded once), and
+//! a runner that simulates a plan on n ranks and checks every rank's result.
+#![allow(dead_code)]
+
+use oxccl::algo::sim::{self, RankBuffers, SimConfig, SimReport};
+use oxccl::algo::{self, Buffer, Choice, Collective, Plan};
+use oxccl::reduce::Cpu;
+use oxccl::types::{DataType, ReduceOp};
+
+/// An element value independent of its storage type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum V {
+    I(i128),
+    F(f64),
+}
+
+/// splitmix64: a tiny deterministic generator.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn signed(d: DataType) -> bool {
+    matches!(d, DataType::I8 | DataType::I32 | DataType::I64)
+}
+
+/// Wraps an integer to `d`'s range (two's complement).
+pub fn wrap(d: DataType, x: i128) -> i128 {
+    let bits = d.size() as u32 * 8;
+    let m = x & ((1i128 << bits) - 1);
+    if signed(d) && m >= 1i128 << (bits - 1) {
+        m - (1i128 << bits)
+    } else {
+        m
+    }
+}
+
+/// Rounds an f64 to `d` once (correctly rounded) and back.
+pub fn round(d: DataType, x: f64) -> f64 {
+    match d {
+        DataType::F16 => half::f16::from_f64(x).to_f64(),
+        DataType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DataType::F32 => x as f32 as f64,
+        DataType::F64 => x,
+        _ => unreachable!("not a float"),
+    }
+}
+
+/// Values stored as bytes of `d`.
+pub fn encode(d: DataType, vals: &[V]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(vals.len() * d.size());
+    for &v in vals {
+        match (d, v) {
+            (DataType::I8 | DataType::U8, V::I(x)) => out.push(x as u8),
+            (DataType::I32 | DataType::U32, V::I(x)) => out.extend((x as u32).to_le_bytes()),
+            (DataType::I64 | DataType::U64, V::I(x)) => out.extend((x as u64).to_le_bytes()),
+            (DataType::F16, V::F(x)) => out.extend(half::f16::from_f64(x).to_le_bytes()),
+            (DataType::BF16, V::F(x)) => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+            (DataType::F32, V::F(x)) => out.extend((x as f32).to_le_bytes()),
+            (DataType::F64, V::F(x)) => out.extend(x.to_le_bytes()),
+            _ => panic!("value {v:?} does not fit {d}"),
+        }
+    }
+    out
+}
+
+/// Bytes of `d` as values.
+pub fn decode(d: DataType, bytes: &[u8]) -> Vec<V> {
+    bytes
+        .chunks_exact(d.size())
+        .map(|c| match d {
+            DataType::I8 => V::I(c[0] as i8 as i128),
+            DataType::U8 => V::I(c[0] as i128),
+            DataType::I32 => V::I(i32::from_le_bytes(c.try_into().unwrap()) as i128),
+            DataType::U32 => V::I(u32::from_le_bytes(c.try_into().unwrap()) as i128),
+            DataType::I64 => V::I(i64::from_le_bytes(c.try_into().unwrap()) as i128),
+            DataType::U64 => V::I(u64::from_le_bytes(c.try_into().unwrap()) as i128),
+            DataType::F16 => V::F(half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()),
+            DataType::BF16 => V::F(half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()),
+            DataType::F32 => V::F(f32::from_le_bytes(c.try_into().unwrap()) as f64),
+            DataType::F64 => V::F(f64::from_le_bytes(c.try_into().unwrap())),
+        })
+        .collect()
+}
+
+/// Rank `rank`'s `len` input values for reductions with `op`, chosen so that every reduction
+/// order gives the same bits: full-range integers (wrapping is associative); for floats, small
+/// integers for sum/avg, ±1 (and 2 on the first 8 ranks) for prod, anything — NaN, ±inf, ±0
+/// included — for min/max.
+pub fn inputs(d: DataType, op: ReduceOp, rank: usize, len: usize, rng: &mut Rng) -> Vec<V> {
+    (0..len)
+        .map(|_| {
+            if !d.is_float() {
+                let raw = rng.next() as i128 | ((rng.next() as i128) << 64);
+                return V::I(wrap(d, raw));
+            }
+            V::F(match op {
+                ReduceOp::Sum | ReduceOp::Avg => rng.below(17) as f64 - 8.0,
+                ReduceOp::Prod => {
+                    let sign = if rng.below(2) == 0 { -1.0 } else { 1.0 };
+                    if rank < 8 && rng.below(3) == 0 {
+                        2.0 * sign
+                    } else {
+                        sign
+                    }
+                }
+                _ => match rng.below(20) {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    2 => f64::NEG_INFINITY,
+                    3 => 0.0,
+                    4 => -0.0,
+                    _ => round(
+                        d,
+                        (rng.next() as i64 as f64) / 2f64.powi(rng.below(80) as i32),
+                    ),
+                },
+            })
+        })
+        .collect()
+}
+
+/// The reduction of `vals` (one per rank) with `op` over `n` ranks, computed exactly and
+/// rounded once to `d`.
+pub fn reference(d: DataType, op: ReduceOp, vals: &[V], n: usize) -> V {
+    if !d.is_float() {
+        let xs: Vec<i128> = vals
+            .iter()
+            .map(|v| if let V::I(x) = v { *x } else { 0 })
+            .collect();
+        let sum = || wrap(d, xs.iter().sum());
+        return V::I(match op {
+            ReduceOp::Sum => sum(),
+            ReduceOp::Prod => wrap(d, xs.iter().fold(1i128, |a, &b| a.wrapping_mul(b))),
+            ReduceOp::Min => *xs.iter().min().unwrap(),
+            ReduceOp::Max => *xs.iter().max().unwrap(),
+            ReduceOp::BAnd => wrap(d, xs.iter().fold(-1i128, |a, &b| a & b)),
+            ReduceOp::BOr => wrap(d, xs.iter().fold(0i128, |a, &b| a | b)),
+            ReduceOp::BXor => wrap(d, xs.iter().fold(0i128, |a, &b| a ^ b)),
+            ReduceOp::Avg => sum() / n as i128,
+        });
+    }
+    let xs: Vec<f64> = vals
+        .iter()
+        .map(|v| if let V::F(x) = v { *x } else { 0.0 })
+        .collect();
+    V::F(match op {
+        ReduceOp::Sum => round(d, xs.iter().sum()),
+        ReduceOp::Prod => round(d, xs.iter().product()),
+        ReduceOp::Avg => round(d, xs.iter().sum::<f64>() / n as f64),
+        ReduceOp::Min | ReduceOp::Max if xs.iter().any(|x| x.is_nan()) => f64::NAN,
+        ReduceOp::Min => *xs.iter().min_by(|a, b| a.total_cmp(b)).unwrap(),
+        ReduceOp::Max => *xs.iter().max_by(|a, b| a.total_cmp(b)).unwrap(),
+        _ => unreachable!("bitwise on floats"),
+    })
+}
+
+/// Same value, bit for bit (any NaN equals any NaN).
+pub fn same(a: V, b: V) -> bool {
+    match (a, b) {
+        (V::F(x), V::F(y)) => (x.is_nan() && y.is_nan()) || x.to_bits() == y.to_bits(),
+        _ => a == b,
+    }
+}
+
+/// The element-wise reduction of all ranks' inputs over `0..len`, computed once.
+pub fn reduced(plan: &Plan, n: usize, ins: &[Vec<V>]) -> Vec<V> {
+    let len = match plan.collective {
+        Collective::AllReduce | Collective::Reduce => plan.count,
+        Collective::ReduceScatter => n * plan.count,
+        _ => 0,
+    };
+    (0..len)
+        .map(|i| {
+            let col: Vec<V> = ins.iter().map(|x| x[i]).collect();
+            reference(plan.dtype, plan.op, &col, n)
+        })
+        .collect()
+}
+
+/// What rank `r` must hold in its output after the collective; `red` is [`reduced`].
+pub fn expected(plan: &Plan, ins: &[Vec<V>], red: &[V], r: usize) -> Vec<V> {
+    let c = plan.count;
+    match plan.collective {
+        Collective::AllReduce => red.to_vec(),
+        Collective::Reduce => {
+            if r == plan.root {
+                red.to_vec()
+            } else {
+                vec![]
+            }
+        }
+        Collective::ReduceScatter => red[r * c..(r + 1) * c].to_vec(),
+        Collective::Broadcast => ins[plan.root][..c].to_vec(),
+        Collective::AllGather => ins.iter().flat_map(|x| x[..c].to_vec()).collect(),
+        Collective::Gather => {
+            if r == plan.root {
+                ins.iter().flat_map(|x| x[..c].to_vec()).collect()
+            } else {
+                vec![]
+            }
+        }
+        Collective::Scatter => ins[plan.root][r * c..(r + 1) * c].to_vec(),
+        Collective::AllToAll => ins
+            .iter()
+            .flat_map(|x| x[r * c..(r + 1) * c].to_vec())
+            .collect(),
+        Collective::Barrier => vec![],
+    }
+}
+
+/// Rank buffers laid out as the plan says (in place: one buffer holding both), filled with the
+/// inputs and a poison pattern elsewhere.
+pub fn buffers(plan: &Plan, n: usize, ins: &[Vec<V>]) -> Vec<RankBuffers> {
+    let size = plan.dtype.size();
+    (0..n)
+        .map(|r| {
+            let lay = plan.layout(r, n);
+            let in_len = plan.input_count(r, n) * size;
+            let out_len = plan.output_count(r, n) * size;
+            let mut b = RankBuffers::default();
+            for (buf, off, len) in [
+                (lay.input.0, lay.input.1, in_len),
+                (lay.output.0, lay.output.1, out_len),
+            ] {
+                let v = match buf {
+                    Buffer::Input => &mut b.input,
+                    Buffer::Output => &mut b.output,
+                    Buffer::Scratch => unreachable!(),
+                };
+                if v.len() < off + len {
+                    v.resize(off + len, 0xA5);
+                }
+            }
+            let data = encode(plan.dtype, &ins[r][..plan.input_count(r, n)]);
+            let (buf, off) = lay.input;
+            let v = if buf == Buffer::Input {
+                &mut b.input
+            } else {
+                &mut b.output
+            };
+            v[off..off + data.len()].copy_from_slice(&data);
+            b
+        })
+        .collect()
+}
+
+/// One simulated run of `plan` with `choice` on `n` ranks.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub plan: Plan,
+    pub choice: Choice,
+    pub n: usize,
+    pub seed: u64,
+    pub link_buffer: usize,
+}
+
+/// Runs the case in the simulator and checks every rank's output against the reference and
+/// every byte outside the outputs against its initial value. Returns the report.
+pub fn run(case: &Case) -> Result<SimReport, String> {
+    run_checked(case, true)
+}
+
+/// [`run`], optionally without the (quadratic) race check.
+pub fn run_checked(case: &Case, check_races: bool) -> Result<SimReport, String> {
+    let Case {
+        plan,
+        choice,
+        n,
+        seed,
+        link_buffer,
+    } = case.clone();
+    let mut rng = Rng(seed);
+    let ins: Vec<Vec<V>> = (0..n)
+        .map(|r| inputs(plan.dtype, plan.op, r, plan.input_count(r, n), &mut rng))
+        .collect();
+    let schedules: Vec<_> = (0..n)
+        .map(|r| algo::schedule(&plan, &choice, r, n))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{case:?}: {e}"))?;
+    let mut bufs = buffers(&plan, n, &ins);
+    let before = bufs.clone();
+    let config = SimConfig {
+        link_buffer,
+        check_races,
+        ..SimConfig::default()
+    };
+    let report = sim::simulate(&schedules, plan.dtype, &mut bufs, &Cpu, &config)
+        .map_err(|e| format!("{case:?}: {e}"))?;
+    let size = plan.dtype.size();
+    let red = reduced(&plan, n, &ins);
+    for r in 0..n {
+        let (buf, off) = plan.layout(r, n).output;
+        let out_len = plan.output_count(r, n) * size;
+        let now = if buf == Buffer::Input {
+            &bufs[r].input
+        } else {
+            &bufs[r].output
+        };
+        let got = decode(plan.dtype, &now[off..off + out_len]);
+        let want = expected(&plan, &ins, &red, r);
+        assert_eq!(got.len(), want.len());
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            if !same(g, w) {
+                return Err(format!(
+                    "{case:?}: rank {r} element {i}: got {g:?}, want {w:?}"
+                ));
+            }
+        }
+        // Nothing outside the output may change: inputs are read-only, scratch is internal.
+        for (which, now, was) in [
+            (Buffer::Input, &bufs[r].input, &before[r].input),
+            (Buffer::Output, &bufs[r].output, &before[r].output),
+        ] {
+            for (i, (x, y)) in now.iter().zip(was.iter()).enumerate() {
+                let in_output = which == buf && (off..off + out_len).contains(&i);
+                if x != y && !in_output {
+                    return Err(format!(
+                        "{case:?}: rank {r} wrote {which:?} byte {i} outside its output"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(report)
+}

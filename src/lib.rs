@@ -23,9 +23,20 @@
 //! ```
 
 pub mod algo;
+pub mod bootstrap;
+pub mod comm;
+pub mod config;
 pub mod error;
+pub mod exec;
+mod logging;
 pub mod reduce;
+pub mod topo;
+pub mod tune;
 pub mod types;
+pub mod work;
 
+pub use comm::{Communicator, Group};
+pub use config::Config;
 pub use error::{Error, Result};
 pub use types::{DataType, Element, Rank, ReduceOp};
+pub use work::{OwnedBuffer, Work};

@@ -121,7 +121,7 @@ impl fmt::Display for Collective {
 }
 
 /// One collective call, as every rank sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
     /// The collective.
     pub collective: Collective,
@@ -376,7 +376,7 @@ impl FromStr for Algorithm {
 }
 
 /// How to run a plan: the algorithm and the pipelining parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Choice {
     /// The algorithm.
     pub algorithm: Algorithm,

@@ -62,6 +62,14 @@ pub fn round(d: DataType, x: f64) -> f64 {
 pub fn encode(d: DataType, vals: &[V]) -> Vec<u8> {
     let mut out = Vec::with_capacity(vals.len() * d.size());
     for &v in vals {
+        encode_into(d, v, &mut out);
+    }
+    out
+}
+
+/// Appends one value as bytes of `d`.
+pub fn encode_into(d: DataType, v: V, out: &mut Vec<u8>) {
+    {
         match (d, v) {
             (DataType::I8 | DataType::U8, V::I(x)) => out.push(x as u8),
             (DataType::I32 | DataType::U32, V::I(x)) => out.extend((x as u32).to_le_bytes()),
@@ -73,25 +81,12 @@ pub fn encode(d: DataType, vals: &[V]) -> Vec<u8> {
             _ => panic!("value {v:?} does not fit {d}"),
         }
     }
-    out
 }
 
 /// Bytes of `d` as values.
 pub fn decode(d: DataType, bytes: &[u8]) -> Vec<V> {
-    bytes
-        .chunks_exact(d.size())
-        .map(|c| match d {
-            DataType::I8 => V::I(c[0] as i8 as i128),
-            DataType::U8 => V::I(c[0] as i128),
-            DataType::I32 => V::I(i32::from_le_bytes(c.try_into().unwrap()) as i128),
-            DataType::U32 => V::I(u32::from_le_bytes(c.try_into().unwrap()) as i128),
-            DataType::I64 => V::I(i64::from_le_bytes(c.try_into().unwrap()) as i128),
-            DataType::U64 => V::I(u64::from_le_bytes(c.try_into().unwrap()) as i128),
-            DataType::F16 => V::F(half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()),
-            DataType::BF16 => V::F(half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()),
-            DataType::F32 => V::F(f32::from_le_bytes(c.try_into().unwrap()) as f64),
-            DataType::F64 => V::F(f64::from_le_bytes(c.try_into().unwrap())),
-        })
+    (0..bytes.len() / d.size())
+        .map(|i| value(d, bytes, i))
         .collect()
 }
 
@@ -100,69 +95,162 @@ pub fn decode(d: DataType, bytes: &[u8]) -> Vec<V> {
 /// integers for sum/avg, ±1 (and 2 on the first 8 ranks) for prod, anything — NaN, ±inf, ±0
 /// included — for min/max.
 pub fn inputs(d: DataType, op: ReduceOp, rank: usize, len: usize, rng: &mut Rng) -> Vec<V> {
-    (0..len)
-        .map(|_| {
-            if !d.is_float() {
-                let raw = rng.next() as i128 | ((rng.next() as i128) << 64);
-                return V::I(wrap(d, raw));
+    (0..len).map(|_| input(d, op, rank, rng)).collect()
+}
+
+/// One input value (see [`inputs`]).
+pub fn input(d: DataType, op: ReduceOp, rank: usize, rng: &mut Rng) -> V {
+    if !d.is_float() {
+        let raw = rng.next() as i128 | ((rng.next() as i128) << 64);
+        return V::I(wrap(d, raw));
+    }
+    V::F(match op {
+        ReduceOp::Sum | ReduceOp::Avg => rng.below(17) as f64 - 8.0,
+        ReduceOp::Prod => {
+            let sign = if rng.below(2) == 0 { -1.0 } else { 1.0 };
+            if rank < 8 && rng.below(3) == 0 {
+                2.0 * sign
+            } else {
+                sign
             }
-            V::F(match op {
-                ReduceOp::Sum | ReduceOp::Avg => rng.below(17) as f64 - 8.0,
-                ReduceOp::Prod => {
-                    let sign = if rng.below(2) == 0 { -1.0 } else { 1.0 };
-                    if rank < 8 && rng.below(3) == 0 {
-                        2.0 * sign
-                    } else {
-                        sign
-                    }
-                }
-                _ => match rng.below(20) {
-                    0 => f64::NAN,
-                    1 => f64::INFINITY,
-                    2 => f64::NEG_INFINITY,
-                    3 => 0.0,
-                    4 => -0.0,
-                    _ => round(
-                        d,
-                        (rng.next() as i64 as f64) / 2f64.powi(rng.below(80) as i32),
-                    ),
-                },
-            })
-        })
-        .collect()
+        }
+        _ => match rng.below(20) {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => f64::NEG_INFINITY,
+            3 => 0.0,
+            4 => -0.0,
+            _ => round(
+                d,
+                (rng.next() as i64 as f64) / 2f64.powi(rng.below(80) as i32),
+            ),
+        },
+    })
+}
+
+/// [`inputs`], encoded straight into bytes of `d` (no per-element allocation).
+pub fn input_bytes(d: DataType, op: ReduceOp, rank: usize, len: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len * d.size());
+    for _ in 0..len {
+        encode_into(d, input(d, op, rank, rng), &mut out);
+    }
+    out
+}
+
+/// Element `i` of `bytes` holding elements of `d`.
+pub fn value(d: DataType, bytes: &[u8], i: usize) -> V {
+    let s = d.size();
+    let c = &bytes[i * s..(i + 1) * s];
+    let b8 = |c: &[u8]| -> [u8; 8] { c.try_into().expect("8 bytes") };
+    let b4 = |c: &[u8]| -> [u8; 4] { c.try_into().expect("4 bytes") };
+    let b2 = |c: &[u8]| -> [u8; 2] { c.try_into().expect("2 bytes") };
+    match d {
+        DataType::I8 => V::I(c[0] as i8 as i128),
+        DataType::U8 => V::I(c[0] as i128),
+        DataType::I32 => V::I(i32::from_le_bytes(b4(c)) as i128),
+        DataType::U32 => V::I(u32::from_le_bytes(b4(c)) as i128),
+        DataType::I64 => V::I(i64::from_le_bytes(b8(c)) as i128),
+        DataType::U64 => V::I(u64::from_le_bytes(b8(c)) as i128),
+        DataType::F16 => V::F(half::f16::from_le_bytes(b2(c)).to_f64()),
+        DataType::BF16 => V::F(half::bf16::from_le_bytes(b2(c)).to_f64()),
+        DataType::F32 => V::F(f32::from_le_bytes(b4(c)) as f64),
+        DataType::F64 => V::F(f64::from_le_bytes(b8(c))),
+    }
+}
+
+/// The element-wise reduction of all ranks' input bytes, as bytes of the plan's type,
+/// computed once by [`reference`].
+pub fn reduced_bytes(plan: &Plan, n: usize, ins: &[Vec<u8>]) -> Vec<u8> {
+    let len = match plan.collective {
+        Collective::AllReduce | Collective::Reduce => plan.count,
+        Collective::ReduceScatter => n * plan.count,
+        _ => 0,
+    };
+    let mut col = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(len * plan.dtype.size());
+    for i in 0..len {
+        col.clear();
+        col.extend(ins.iter().map(|x| value(plan.dtype, x, i)));
+        encode_into(
+            plan.dtype,
+            reference(plan.dtype, plan.op, &col, n),
+            &mut out,
+        );
+    }
+    out
+}
+
+/// What rank `r` must hold in its output, as bytes; `red` is [`reduced_bytes`].
+pub fn expected_bytes(plan: &Plan, ins: &[Vec<u8>], red: &[u8], r: usize) -> Vec<u8> {
+    let b = plan.count * plan.dtype.size();
+    match plan.collective {
+        Collective::AllReduce => red.to_vec(),
+        Collective::Reduce => {
+            if r == plan.root {
+                red.to_vec()
+            } else {
+                vec![]
+            }
+        }
+        Collective::ReduceScatter => red[r * b..(r + 1) * b].to_vec(),
+        Collective::Broadcast => ins[plan.root][..b].to_vec(),
+        Collective::AllGather => ins.iter().flat_map(|x| x[..b].to_vec()).collect(),
+        Collective::Gather => {
+            if r == plan.root {
+                ins.iter().flat_map(|x| x[..b].to_vec()).collect()
+            } else {
+                vec![]
+            }
+        }
+        Collective::Scatter => ins[plan.root][r * b..(r + 1) * b].to_vec(),
+        Collective::AllToAll => ins
+            .iter()
+            .flat_map(|x| x[r * b..(r + 1) * b].to_vec())
+            .collect(),
+        Collective::Barrier => vec![],
+    }
+}
+
+/// The first element where `got` and `want` differ (any NaN equals any NaN), if any.
+pub fn first_difference(d: DataType, got: &[u8], want: &[u8]) -> Option<usize> {
+    if got == want {
+        return None;
+    }
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()) / d.size());
+    }
+    (0..got.len() / d.size()).find(|&i| !same(value(d, got, i), value(d, want, i)))
 }
 
 /// The reduction of `vals` (one per rank) with `op` over `n` ranks, computed exactly and
 /// rounded once to `d`.
 pub fn reference(d: DataType, op: ReduceOp, vals: &[V], n: usize) -> V {
+    let ints = || vals.iter().map(|v| if let V::I(x) = v { *x } else { 0 });
+    let floats = || vals.iter().map(|v| if let V::F(x) = v { *x } else { 0.0 });
     if !d.is_float() {
-        let xs: Vec<i128> = vals
-            .iter()
-            .map(|v| if let V::I(x) = v { *x } else { 0 })
-            .collect();
-        let sum = || wrap(d, xs.iter().sum());
+        let sum = || wrap(d, ints().sum());
         return V::I(match op {
             ReduceOp::Sum => sum(),
-            ReduceOp::Prod => wrap(d, xs.iter().fold(1i128, |a, &b| a.wrapping_mul(b))),
-            ReduceOp::Min => *xs.iter().min().unwrap(),
-            ReduceOp::Max => *xs.iter().max().unwrap(),
-            ReduceOp::BAnd => wrap(d, xs.iter().fold(-1i128, |a, &b| a & b)),
-            ReduceOp::BOr => wrap(d, xs.iter().fold(0i128, |a, &b| a | b)),
-            ReduceOp::BXor => wrap(d, xs.iter().fold(0i128, |a, &b| a ^ b)),
+            ReduceOp::Prod => wrap(d, ints().fold(1i128, |a, b| a.wrapping_mul(b))),
+            ReduceOp::Min => ints().min().expect("at least one rank"),
+            ReduceOp::Max => ints().max().expect("at least one rank"),
+            ReduceOp::BAnd => wrap(d, ints().fold(-1i128, |a, b| a & b)),
+            ReduceOp::BOr => wrap(d, ints().fold(0i128, |a, b| a | b)),
+            ReduceOp::BXor => wrap(d, ints().fold(0i128, |a, b| a ^ b)),
             ReduceOp::Avg => sum() / n as i128,
         });
     }
-    let xs: Vec<f64> = vals
-        .iter()
-        .map(|v| if let V::F(x) = v { *x } else { 0.0 })
-        .collect();
     V::F(match op {
-        ReduceOp::Sum => round(d, xs.iter().sum()),
-        ReduceOp::Prod => round(d, xs.iter().product()),
-        ReduceOp::Avg => round(d, xs.iter().sum::<f64>() / n as f64),
-        ReduceOp::Min | ReduceOp::Max if xs.iter().any(|x| x.is_nan()) => f64::NAN,
-        ReduceOp::Min => *xs.iter().min_by(|a, b| a.total_cmp(b)).unwrap(),
-        ReduceOp::Max => *xs.iter().max_by(|a, b| a.total_cmp(b)).unwrap(),
+        ReduceOp::Sum => round(d, floats().sum()),
+        ReduceOp::Prod => round(d, floats().product()),
+        ReduceOp::Avg => round(d, floats().sum::<f64>() / n as f64),
+        ReduceOp::Min | ReduceOp::Max if floats().any(|x| x.is_nan()) => f64::NAN,
+        ReduceOp::Min => floats()
+            .min_by(|a, b| a.total_cmp(b))
+            .expect("at least one rank"),
+        ReduceOp::Max => floats()
+            .max_by(|a, b| a.total_cmp(b))
+            .expect("at least one rank"),
         _ => unreachable!("bitwise on floats"),
     })
 }
@@ -182,9 +270,11 @@ pub fn reduced(plan: &Plan, n: usize, ins: &[Vec<V>]) -> Vec<V> {
         Collective::ReduceScatter => n * plan.count,
         _ => 0,
     };
+    let mut col = Vec::with_capacity(n);
     (0..len)
         .map(|i| {
-            let col: Vec<V> = ins.iter().map(|x| x[i]).collect();
+            col.clear();
+            col.extend(ins.iter().map(|x| x[i]));
             reference(plan.dtype, plan.op, &col, n)
         })
         .collect()

@@ -19,8 +19,11 @@
 //!   transport's own memory, valid until [`Link::release`], so the executor can reduce straight
 //!   out of it; at most one lent message per link is outstanding at a time;
 //! - a small **control** channel, outside the data order, for error notices;
-//! - **prompt failure**: a peer that closes or dies makes [`Link::poll`] fail with
-//!   [`TransportError::PeerClosed`] as soon as the medium tells.
+//! - **prompt failure**: once the peer has closed or died, [`Link::poll`] fails with
+//!   [`TransportError::PeerClosed`] as soon as a posted operation can no longer complete — at
+//!   once for a pending send or for a receive that the data already delivered cannot satisfy.
+//!   Messages that arrived before the close are delivered first, and a closed link with nothing
+//!   posted is not an error (a peer that finished its last operation and exited is normal).
 //!
 //! Transports live in sibling crates (`oxccl-transport-tcp`, `-shm`, `-rdma`); this crate holds
 //! the traits, [`TransportError`], and [`loopback`], an in-process transport for threads-as-ranks.
@@ -29,6 +32,7 @@ use std::fmt;
 use std::os::fd::RawFd;
 use std::time::Instant;
 
+pub mod auth;
 pub mod loopback;
 
 /// A process's index in its communicator.
@@ -277,6 +281,13 @@ pub trait Link: Send {
     /// executor then backs off by sleeping briefly).
     fn readiness(&self) -> Option<Readiness>;
 
+    /// Forgets every posted operation without closing the link: from the return of this call
+    /// the link never reads or writes the memory of an operation posted before it, and none of
+    /// them completes. A send already partly on the wire is finished from the transport's own
+    /// copy, so the stream stays well-formed and later control messages still reach the peer;
+    /// data that arrives for a cancelled receive is discarded.
+    fn cancel(&mut self);
+
     /// Closes the link at once (abort): the peer sees [`TransportError::PeerClosed`].
     fn close(&mut self);
 }
@@ -299,6 +310,50 @@ impl PeerInfo {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, e)| e.as_slice())
+    }
+
+    /// The wire form published through the store: rank u32, host (u16 length + bytes),
+    /// endpoint count u16, then per endpoint its name (u16 length + bytes) and bytes (u32 length
+    /// + bytes); little-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend((self.rank as u32).to_le_bytes());
+        b.extend((self.host.len() as u16).to_le_bytes());
+        b.extend(self.host.as_bytes());
+        b.extend((self.endpoints.len() as u16).to_le_bytes());
+        for (name, e) in &self.endpoints {
+            b.extend((name.len() as u16).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend((e.len() as u32).to_le_bytes());
+            b.extend(e);
+        }
+        b
+    }
+
+    /// Parses [`PeerInfo::encode`]'s form; `None` for anything malformed or truncated.
+    pub fn decode(b: &[u8]) -> Option<PeerInfo> {
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let s = b.get(at..at.checked_add(n)?)?;
+            at += n;
+            Some(s)
+        };
+        let rank = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let hl = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+        let host = String::from_utf8(take(hl)?.to_vec()).ok()?;
+        let n = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+        let mut endpoints = Vec::with_capacity(n.min(16));
+        for _ in 0..n {
+            let nl = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+            let name = String::from_utf8(take(nl)?.to_vec()).ok()?;
+            let el = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+            endpoints.push((name, take(el)?.to_vec()));
+        }
+        (at == b.len()).then_some(PeerInfo {
+            rank,
+            host,
+            endpoints,
+        })
     }
 }
 
@@ -323,5 +378,25 @@ pub trait Transport: Send {
 impl fmt::Display for PeerInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "rank {} on {}", self.rank, self.host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_info_round_trips_and_garbage_is_rejected() {
+        let p = PeerInfo {
+            rank: 7,
+            host: "node-3".into(),
+            endpoints: vec![("tcp".into(), vec![1, 2, 3]), ("loopback".into(), vec![])],
+        };
+        assert_eq!(PeerInfo::decode(&p.encode()), Some(p.clone()));
+        let e = p.encode();
+        for cut in 0..e.len() {
+            assert_eq!(PeerInfo::decode(&e[..cut]), None);
+        }
+        assert_eq!(PeerInfo::decode(&[0xff; 64]), None);
     }
 }

@@ -20,7 +20,8 @@ const DEPTH: usize = 2;
 #[derive(Debug, Default)]
 pub struct Hub {
     id: u64,
-    pipes: Mutex<HashMap<(Rank, Rank), Arc<Pipe>>>,
+    /// Pipes keyed by (communicator namespace, from, to).
+    pipes: Mutex<HashMap<(String, Rank, Rank), Arc<Pipe>>>,
 }
 
 impl Hub {
@@ -33,10 +34,13 @@ impl Hub {
         })
     }
 
-    /// The one-way pipe from `from` to `to`, created on first use.
-    fn pipe(&self, from: Rank, to: Rank) -> Arc<Pipe> {
+    /// The one-way pipe from `from` to `to` in communicator `namespace`, created on first use.
+    fn pipe(&self, namespace: &str, from: Rank, to: Rank) -> Arc<Pipe> {
         let mut pipes = lock(&self.pipes);
-        pipes.entry((from, to)).or_default().clone()
+        pipes
+            .entry((namespace.to_owned(), from, to))
+            .or_default()
+            .clone()
     }
 
     fn endpoint(&self) -> Vec<u8> {
@@ -64,15 +68,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct LoopbackTransport {
     hub: Arc<Hub>,
+    namespace: String,
     rank: Rank,
     max_message: usize,
 }
 
 impl LoopbackTransport {
-    /// Rank `rank`'s transport on `hub`, carrying messages of up to `max_message` bytes.
-    pub fn new(hub: Arc<Hub>, rank: Rank, max_message: usize) -> LoopbackTransport {
+    /// Rank `rank`'s transport for communicator `namespace` on `hub`, carrying messages of up
+    /// to `max_message` bytes. Communicators sharing a hub must use distinct namespaces.
+    pub fn new(
+        hub: Arc<Hub>,
+        namespace: &str,
+        rank: Rank,
+        max_message: usize,
+    ) -> LoopbackTransport {
         LoopbackTransport {
             hub,
+            namespace: namespace.to_owned(),
             rank,
             max_message,
         }
@@ -105,12 +117,13 @@ impl Transport for LoopbackTransport {
                 }
                 let link = LoopbackLink {
                     peer: p.rank,
-                    out: self.hub.pipe(self.rank, p.rank),
-                    inp: self.hub.pipe(p.rank, self.rank),
+                    out: self.hub.pipe(&self.namespace, self.rank, p.rank),
+                    inp: self.hub.pipe(&self.namespace, p.rank, self.rank),
                     max_message: self.max_message,
                     sends: VecDeque::new(),
                     recvs: VecDeque::new(),
                     lent: None,
+                    discard: false,
                 };
                 Ok(Box::new(link) as Box<dyn Link>)
             })
@@ -129,6 +142,8 @@ struct LoopbackLink {
     recvs: VecDeque<(Token, RecvInto)>,
     /// The message currently lent out, kept alive until released.
     lent: Option<(Token, Vec<u8>)>,
+    /// After `cancel`: data messages that arrive are dropped (control still gets through).
+    discard: bool,
 }
 
 impl Link for LoopbackLink {
@@ -166,6 +181,10 @@ impl Link for LoopbackLink {
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         out.extend(lock(&self.inp.control).drain(..).map(Completion::Control));
+        if self.discard {
+            lock(&self.inp.data).clear();
+            return Ok(());
+        }
         while let Some(&(token, buf)) = self.sends.front() {
             if self.out.closed.load(Ordering::Acquire) {
                 return Err(TransportError::PeerClosed { peer: self.peer });
@@ -239,6 +258,14 @@ impl Link for LoopbackLink {
         None
     }
 
+    fn cancel(&mut self) {
+        // Sends copy their bytes when they complete, so forgetting the queues forgets every
+        // reference to caller memory; a lent message stays owned by the link until released.
+        self.sends.clear();
+        self.recvs.clear();
+        self.discard = true;
+    }
+
     fn close(&mut self) {
         self.out.closed.store(true, Ordering::Release);
         self.inp.closed.store(true, Ordering::Release);
@@ -257,8 +284,8 @@ mod tests {
 
     fn pair() -> (Box<dyn Link>, Box<dyn Link>) {
         let hub = Hub::new();
-        let mut t0 = LoopbackTransport::new(hub.clone(), 0, 1024);
-        let mut t1 = LoopbackTransport::new(hub, 1, 1024);
+        let mut t0 = LoopbackTransport::new(hub.clone(), "c", 0, 1024);
+        let mut t1 = LoopbackTransport::new(hub, "c", 1, 1024);
         let i0 = PeerInfo {
             rank: 0,
             host: "h".into(),

@@ -1,0 +1,323 @@
+//! Rendezvous from a launcher's environment: oxrun's `OXCCL_*` variables, torchrun, Slurm,
+//! Open MPI and PMI. Reading is pure over a variable lookup (so every launcher is testable);
+//! it must not open sockets — [`Rendezvous::open_store`] does that when asked.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::time::Instant;
+
+use super::{Secret, StoreServer, TcpStore};
+use crate::{Error, Result};
+
+/// Where this rank stands in its job and how to reach the job's store, as read from the
+/// environment a launcher set up.
+///
+/// Variables are read in this order of precedence (the first launcher whose rank variable is
+/// set wins; empty values count as unset):
+///
+/// | source      | rank, world size, local rank (local world size)                         | store                    |
+/// |-------------|--------------------------------------------------------------------------|--------------------------|
+/// | `oxccl`     | OXCCL_RANK, OXCCL_WORLD_SIZE, OXCCL_LOCAL_RANK (OXCCL_LOCAL_WORLD_SIZE)  | OXCCL_STORE, hosted by the launcher (oxrun) |
+/// | `torchrun`  | RANK, WORLD_SIZE, LOCAL_RANK (LOCAL_WORLD_SIZE)                          | see below                |
+/// | `slurm`     | SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID                                | see below                |
+/// | `openmpi`   | OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK (OMPI_COMM_WORLD_LOCAL_SIZE)    | see below                |
+/// | `pmi`       | PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (MPI_LOCALNRANKS)                    | see below                |
+///
+/// For the other launchers the store is at `OXCCL_STORE` when set (`host:port`; a store someone
+/// else already runs, as oxrun does), else at `MASTER_ADDR:MASTER_PORT`, hosted by rank 0
+/// (`host_store`); with neither, reading fails and says to set them.
+///
+/// The secret is `OXCCL_TOKEN` (64 hex digits) when set. Otherwise it is derived from the store
+/// address, the world size and any job id found (SLURM_JOB_ID, TORCHELASTIC_RUN_ID,
+/// OMPI_MCA_ess_base_jobid): that tells concurrent jobs apart but does not keep out other users
+/// of the machines, and a warning says so.
+#[derive(Clone, Debug)]
+pub struct Rendezvous {
+    /// This process's rank, `< world_size`.
+    pub rank: usize,
+    /// Number of ranks in the job.
+    pub world_size: usize,
+    /// Rank among the ranks on this host, when the launcher says.
+    pub local_rank: Option<usize>,
+    /// Number of ranks on this host, when the launcher says.
+    pub local_world_size: Option<usize>,
+    /// The store's address as `host:port` (IPv6 literals in brackets); see
+    /// [`Rendezvous::store_addr`] to resolve it.
+    pub store: String,
+    /// The job secret.
+    pub secret: Secret,
+    /// Whether this rank must host the store itself (rank 0, when no launcher hosts it).
+    pub host_store: bool,
+    /// Which launcher's variables were read: `"oxccl"`, `"torchrun"`, `"slurm"`, `"openmpi"`
+    /// or `"pmi"`.
+    pub source: &'static str,
+}
+
+/// One launcher's variable names.
+struct Launcher {
+    source: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: Option<&'static str>,
+}
+
+const OXCCL: Launcher = Launcher {
+    source: "oxccl",
+    rank: "OXCCL_RANK",
+    size: "OXCCL_WORLD_SIZE",
+    local_rank: "OXCCL_LOCAL_RANK",
+    local_size: Some("OXCCL_LOCAL_WORLD_SIZE"),
+};
+
+const OTHERS: [Launcher; 4] = [
+    Launcher {
+        source: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: "LOCAL_RANK",
+        local_size: Some("LOCAL_WORLD_SIZE"),
+    },
+    Launcher {
+        source: "slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_size: None,
+    },
+    Launcher {
+        source: "openmpi",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    Launcher {
+        source: "pmi",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        local_size: Some("MPI_LOCALNRANKS"),
+    },
+];
+
+const JOB_IDS: [&str; 3] = [
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "OMPI_MCA_ess_base_jobid",
+];
+
+fn bad(msg: String) -> Error {
+    Error::Bootstrap(msg)
+}
+
+impl Rendezvous {
+    /// Reads the process environment; `Ok(None)` when no launcher's variables are set (a
+    /// single process, or a job that will pass a [`super::UniqueId`] instead).
+    pub fn from_env() -> Result<Option<Rendezvous>> {
+        Rendezvous::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Rendezvous::from_env`] over any lookup of variables (for tests and embedders).
+    /// Malformed numbers, a rank not below the world size, or missing pieces fail with
+    /// [`Error::Bootstrap`] naming the variable.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Rendezvous>> {
+        let var = |name: &str| {
+            get(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let oxccl_store = var("OXCCL_STORE");
+
+        let (launcher, store, host_store_if_rank0) = if var(OXCCL.rank).is_some()
+            || var(OXCCL.size).is_some()
+        {
+            let store = oxccl_store.ok_or_else(|| {
+                bad(
+                    "OXCCL_RANK is set but OXCCL_STORE (host:port of the job's store) is not"
+                        .into(),
+                )
+            })?;
+            (&OXCCL, parse_store("OXCCL_STORE", &store)?, false)
+        } else {
+            let Some(launcher) = OTHERS.iter().find(|l| var(l.rank).is_some()) else {
+                return Ok(None);
+            };
+            match (oxccl_store, var("MASTER_ADDR"), var("MASTER_PORT")) {
+                (Some(s), _, _) => (launcher, parse_store("OXCCL_STORE", &s)?, false),
+                (None, Some(addr), Some(port)) => {
+                    let port = parse_port("MASTER_PORT", &port)?;
+                    (launcher, join_host_port(&addr, port), true)
+                }
+                (None, Some(_), None) => {
+                    return Err(bad(format!(
+                        "{} launch: MASTER_ADDR is set but MASTER_PORT is not",
+                        launcher.source
+                    )));
+                }
+                (None, None, _) => {
+                    return Err(bad(format!(
+                        "{} launch ({} is set) but no store address: set MASTER_ADDR and \
+                             MASTER_PORT (rank 0 then hosts the store there) or OXCCL_STORE=host:port \
+                             (a store that is already running)",
+                        launcher.source, launcher.rank
+                    )));
+                }
+            }
+        };
+
+        let l = launcher;
+        let rank = number(l.rank, var(l.rank))?;
+        let world_size = number(l.size, var(l.size))?;
+        if world_size == 0 {
+            return Err(bad(format!("{} is 0", l.size)));
+        }
+        if rank >= world_size {
+            return Err(bad(format!(
+                "{}={rank} is not below {}={world_size}",
+                l.rank, l.size
+            )));
+        }
+        let local_rank = var(l.local_rank)
+            .map(|v| number(l.local_rank, Some(v)))
+            .transpose()?;
+        let local_world_size = match l.local_size {
+            Some(name) => var(name).map(|v| number(name, Some(v))).transpose()?,
+            None => None,
+        };
+        if let (Some(lr), Some(ls)) = (local_rank, local_world_size)
+            && lr >= ls
+        {
+            let size_name = l.local_size.unwrap_or("local world size");
+            return Err(bad(format!(
+                "{}={lr} is not below {size_name}={ls}",
+                l.local_rank
+            )));
+        }
+        if local_world_size.is_some_and(|ls| ls == 0 || ls > world_size) {
+            let size_name = l.local_size.unwrap_or("local world size");
+            return Err(bad(format!(
+                "{size_name}={} is not between 1 and {}={world_size}",
+                local_world_size.unwrap_or(0),
+                l.size
+            )));
+        }
+
+        let secret = match var("OXCCL_TOKEN") {
+            Some(hex) => Secret::from_hex(&hex)
+                .ok_or_else(|| bad("OXCCL_TOKEN is not 64 hex digits".into()))?,
+            None => {
+                let mut material = format!("oxccl job\0store={store}\0world_size={world_size}");
+                let mut ids = Vec::new();
+                for name in JOB_IDS {
+                    if let Some(id) = var(name) {
+                        material.push_str(&format!("\0{name}={id}"));
+                        ids.push(name);
+                    }
+                }
+                tracing::warn!(
+                    "OXCCL_TOKEN is not set: the job secret is derived from the store address, \
+                     the world size{}; it tells jobs apart but does not protect this job against \
+                     other local users (set OXCCL_TOKEN to 64 random hex digits on every rank)",
+                    if ids.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" and {}", ids.join(", "))
+                    }
+                );
+                Secret::derive(material.as_bytes())
+            }
+        };
+
+        Ok(Some(Rendezvous {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            store,
+            secret,
+            host_store: host_store_if_rank0 && rank == 0,
+            source: l.source,
+        }))
+    }
+
+    /// Resolves [`Rendezvous::store`] to a socket address (the first one the resolver gives).
+    pub fn store_addr(&self) -> Result<SocketAddr> {
+        let mut addrs = self.store.to_socket_addrs().map_err(|source| Error::Io {
+            what: format!(
+                "resolve the store address {:?} ({} launch)",
+                self.store, self.source
+            ),
+            source,
+        })?;
+        addrs.next().ok_or_else(|| {
+            bad(format!(
+                "the store address {:?} resolves to no address",
+                self.store
+            ))
+        })
+    }
+
+    /// Connects to the job's store, first starting it when this rank hosts it
+    /// ([`Rendezvous::host_store`]: it then listens on every interface, at the store's port).
+    /// The returned server, if any, must be kept alive as long as the job needs the store.
+    pub fn open_store(&self, deadline: Instant) -> Result<(TcpStore, Option<StoreServer>)> {
+        let addr = self.store_addr()?;
+        let server = if self.host_store {
+            let any = match addr.ip() {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            };
+            Some(StoreServer::bind(
+                SocketAddr::new(any, addr.port()),
+                self.secret.clone(),
+            )?)
+        } else {
+            None
+        };
+        let store = TcpStore::connect(addr, &self.secret, deadline)?;
+        Ok((store, server))
+    }
+}
+
+fn number(name: &str, value: Option<String>) -> Result<usize> {
+    let v = value.ok_or_else(|| bad(format!("{name} is not set")))?;
+    v.parse::<usize>()
+        .map_err(|_| bad(format!("{name}={v:?} is not a non-negative integer")))
+}
+
+fn parse_port(name: &str, v: &str) -> Result<u16> {
+    match v.parse::<u16>() {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(bad(format!("{name}={v:?} is not a port number (1-65535)"))),
+    }
+}
+
+/// Checks a `host:port` (or `[v6]:port`) value and returns it normalised.
+fn parse_store(name: &str, v: &str) -> Result<String> {
+    let Some((host, port)) = v.rsplit_once(':') else {
+        return Err(bad(format!("{name}={v:?} is not host:port")));
+    };
+    let port = parse_port(name, port)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || (host.contains(':') && host.parse::<Ipv6Addr>().is_err()) {
+        return Err(bad(format!(
+            "{name}={v:?} is not host:port (IPv6 addresses go in brackets)"
+        )));
+    }
+    Ok(join_host_port(host, port))
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}

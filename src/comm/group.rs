@@ -1,0 +1,161 @@
+//! Point-to-point messages, alone or in groups (NCCL's `ncclGroupStart`/`ncclGroupEnd`): every
+//! send and receive of a group is posted at once, so paired exchanges (`send` to a peer that
+//! also sends to you) cannot deadlock. Messages between two ranks match in the order posted.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::exec::descriptor::Descriptor;
+use crate::exec::driver::{Message, OpResult, Operation, Work};
+use crate::types::{Element, Rank};
+
+use super::Communicator;
+
+/// A group of sends and receives that run together; built by [`Communicator::group`], run by
+/// [`Group::run`]. The buffers stay borrowed until then.
+pub struct Group<'a> {
+    comm: &'a Communicator,
+    /// (peer, send?, memory, length) in the order added.
+    ops: Vec<(Rank, bool, *mut u8, usize)>,
+    _borrows: PhantomData<&'a mut [u8]>,
+}
+
+impl Communicator {
+    /// An empty group of point-to-point operations.
+    pub fn group(&self) -> Group<'_> {
+        Group {
+            comm: self,
+            ops: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
+
+    /// Sends `buf` to `peer`, which must post a matching [`Communicator::recv`] of the same
+    /// length. Returns once the data has left `buf`.
+    pub fn send<T: Element>(&self, buf: &[T], peer: Rank) -> Result<()> {
+        let mut g = self.group();
+        g.send(buf, peer)?;
+        g.run()
+    }
+
+    /// Receives into `buf` what `peer` sends with a matching [`Communicator::send`].
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: Rank) -> Result<()> {
+        let mut g = self.group();
+        g.recv(buf, peer)?;
+        g.run()
+    }
+}
+
+impl<'a> Group<'a> {
+    fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {
+        if peer >= self.comm.size() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what}: peer {peer} is not a rank of this communicator of {}",
+                self.comm.rank(),
+                self.comm.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a send of `buf` to `peer`.
+    pub fn send<T: Element>(&mut self, buf: &'a [T], peer: Rank) -> Result<&mut Self> {
+        self.check_peer(peer, "send")?;
+        let b: &[u8] = bytemuck::cast_slice(buf);
+        self.ops.push((peer, true, b.as_ptr() as *mut u8, b.len()));
+        Ok(self)
+    }
+
+    /// Adds a receive from `peer` into `buf`.
+    pub fn recv<T: Element>(&mut self, buf: &'a mut [T], peer: Rank) -> Result<&mut Self> {
+        self.check_peer(peer, "recv")?;
+        let b: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        self.ops.push((peer, false, b.as_mut_ptr(), b.len()));
+        Ok(self)
+    }
+
+    /// Runs every operation of the group and waits for all of them.
+    pub fn run(self) -> Result<()> {
+        let comm = self.comm;
+        let me = comm.rank();
+        // Messages to oneself: the k-th send pairs with the k-th receive; copy directly.
+        let sends: Vec<_> = self.ops.iter().filter(|o| o.0 == me && o.1).collect();
+        let recvs: Vec<_> = self.ops.iter().filter(|o| o.0 == me && !o.1).collect();
+        if sends.len() != recvs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me}: group: {} sends to self but {} receives from self",
+                sends.len(),
+                recvs.len()
+            )));
+        }
+        for (s, r) in sends.iter().zip(&recvs) {
+            if s.3 != r.3 {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {me}: group: a send to self of {} bytes meets a receive of {} bytes",
+                    s.3, r.3
+                )));
+            }
+            // SAFETY: both buffers are borrowed by this group for 'a (one shared, one exclusive),
+            // so they are valid and cannot overlap.
+            unsafe { std::ptr::copy_nonoverlapping(s.2, r.2, s.3) };
+        }
+        let slice = comm.inner.slice_bytes;
+        let mut messages = Vec::new();
+        let mut totals: Vec<(Rank, u64, u64)> = Vec::new();
+        for &(peer, send, ptr, len) in self.ops.iter().filter(|o| o.0 != me) {
+            let t = match totals.iter().position(|t| t.0 == peer) {
+                Some(i) => i,
+                None => {
+                    totals.push((peer, 0, 0));
+                    totals.len() - 1
+                }
+            };
+            if send {
+                totals[t].1 += len as u64;
+            } else {
+                totals[t].2 += len as u64;
+            }
+            let mut off = 0;
+            while off < len {
+                let n = slice.min(len - off);
+                // SAFETY: off + n <= len, within the borrowed buffer.
+                let at = unsafe { ptr.add(off) };
+                messages.push(Message {
+                    peer,
+                    send,
+                    ptr: at,
+                    len: n,
+                });
+                off += n;
+            }
+        }
+        if totals.is_empty() {
+            return Ok(());
+        }
+        let result = Arc::new(OpResult::default());
+        let mut st = comm.inner.lock();
+        let descriptors: Vec<(Rank, Descriptor)> = totals
+            .iter()
+            .map(|&(peer, sends, recvs)| {
+                let seq = st.groups[peer];
+                st.groups[peer] += 1;
+                (peer, Descriptor::PointToPoint { seq, sends, recvs })
+            })
+            .collect();
+        let peers: Vec<String> = totals.iter().map(|t| t.0.to_string()).collect();
+        st.engine.submit(Operation {
+            name: format!("point-to-point with rank(s) {}", peers.join(", ")),
+            work: Work::PointToPoint {
+                messages,
+                descriptors,
+            },
+            input: (std::ptr::null(), 0),
+            output: (std::ptr::null_mut(), 0),
+            result: result.clone(),
+        });
+        st.engine.drive_until(&result);
+        drop(st);
+        result.take().unwrap_or(Ok(()))
+    }
+}

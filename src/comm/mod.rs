@@ -1,0 +1,425 @@
+//! The [`Communicator`]: a group of ranks that run collectives together. This module is the
+//! public face — creation, the call path, split, abort, drop — and holds no algorithm or socket
+//! code: calls become [`Plan`]s, the tuner picks an algorithm, `algo` makes the schedule, and
+//! the executor (`exec`) runs it over the links `setup` connected.
+//!
+//! # Thread safety
+//!
+//! A `Communicator` is `Send + Sync`. Calls from several threads are executed one at a time, in
+//! the order they take the communicator's lock; since every rank must issue collectives in the
+//! same order, issue them from one thread per communicator (use [`Communicator::split`] for
+//! independent streams of collectives). [`Communicator::abort`] may be called from any thread at
+//! any time and unblocks every waiting call with [`Error::Aborted`].
+
+mod api;
+mod group;
+mod setup;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+pub use group::Group;
+
+use crate::algo::{self, Choice, Plan, Schedule};
+use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::descriptor::Descriptor;
+use crate::exec::driver::{Engine, Flags, OpResult, Operation, Work};
+use crate::topo::Topology;
+use crate::tune;
+use crate::types::Rank;
+use setup::Boot;
+
+/// A group of ranks that run collectives together (NCCL's `ncclComm_t`, MPI's communicator).
+///
+/// Create one per rank with [`Communicator::init`] (from a launcher's environment),
+/// [`Communicator::init_rank`] (from a [`UniqueId`]) or, for several ranks in one process,
+/// [`Communicator::init_local`]. The collectives are methods (see `api`); dropping the
+/// communicator closes its connections.
+pub struct Communicator {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Shared by the communicator, its asynchronous work handles and its progress thread.
+pub(crate) struct Inner {
+    pub(crate) rank: Rank,
+    pub(crate) size: usize,
+    pub(crate) config: Config,
+    pub(crate) topo: Topology,
+    pub(crate) flags: Arc<Flags>,
+    state: Mutex<State>,
+    boot: Boot,
+    background: Background,
+    /// Slice size actually used: the configured one, capped by what every link carries.
+    slice_bytes: usize,
+    /// Per peer, the transport of its link.
+    link_names: Vec<Option<&'static str>>,
+}
+
+/// Everything that changes per call, under one lock.
+struct State {
+    engine: Engine,
+    /// Sequence number of the next collective.
+    collectives: u64,
+    /// Per peer, sequence number of the next point-to-point group involving it.
+    groups: Vec<u64>,
+    /// Number of splits so far (names the children's store namespaces).
+    splits: u64,
+    /// Recently used schedules: the same call is planned once.
+    cache: HashMap<(Plan, Choice), Arc<Schedule>>,
+}
+
+const CACHE_ENTRIES: usize = 64;
+
+/// The lazily started thread that drives asynchronous operations.
+#[derive(Default)]
+struct Background {
+    started: AtomicBool,
+    wake: Mutex<bool>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl Communicator {
+    /// Creates this process's communicator from a launcher's environment: oxrun's `OXCCL_*`,
+    /// torchrun, Slurm, Open MPI or PMI variables (see [`Rendezvous`]). Rank 0 hosts the store
+    /// when the launcher does not.
+    pub fn init(config: Config) -> Result<Communicator> {
+        crate::logging::init();
+        let rv = Rendezvous::from_env()?.ok_or_else(|| {
+            Error::Bootstrap(
+                "no launcher environment found: run under oxrun, torchrun, srun or mpirun \
+                 (or set OXCCL_RANK, OXCCL_WORLD_SIZE, OXCCL_STORE), or use init_rank / init_local"
+                    .into(),
+            )
+        })?;
+        let deadline = std::time::Instant::now() + config.timeout;
+        let (store, server) = rv.open_store(deadline)?;
+        let addr = store.addr();
+        let boot = Boot::new(
+            Arc::new(store),
+            "world".into(),
+            rv.secret.clone(),
+            None,
+            Some(addr),
+            server.map(Arc::new),
+        );
+        setup::init(boot, rv.rank, rv.world_size, config)
+    }
+
+    /// Creates rank `rank` of `nranks` from a [`UniqueId`] that one rank made with
+    /// [`UniqueId::new`] and shared with the others (NCCL's `ncclCommInitRank`).
+    pub fn init_rank(
+        id: &UniqueId,
+        nranks: usize,
+        rank: Rank,
+        config: Config,
+    ) -> Result<Communicator> {
+        crate::logging::init();
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "init_rank: rank {rank} is not a rank of a communicator of {nranks} ranks"
+            )));
+        }
+        let deadline = std::time::Instant::now() + config.timeout;
+        let store = id.connect(deadline)?;
+        let boot = Boot::new(
+            Arc::new(store),
+            "world".into(),
+            id.secret(),
+            None,
+            Some(id.store_addr()),
+            None,
+        );
+        setup::init(boot, rank, nranks, config)
+    }
+
+    /// Creates `n` communicators that are ranks 0..n of one group inside this process
+    /// (NCCL's `ncclCommInitAll`): for several devices per process, and for tests. By default
+    /// they talk through in-process queues; `config.transports` can force TCP over loopback.
+    pub fn init_local(n: usize, config: Config) -> Result<Vec<Communicator>> {
+        crate::logging::init();
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "init_local: a communicator needs at least one rank".into(),
+            ));
+        }
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let secret = oxccl_transport::auth::Secret::random()
+            .map_err(|e| Error::Bootstrap(format!("init_local: {e}")))?;
+        let hub = oxccl_transport::loopback::Hub::new();
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let boot = Boot::new(
+                    store.clone(),
+                    "local".into(),
+                    secret.clone(),
+                    Some(hub.clone()),
+                    None,
+                    None,
+                );
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("oxccl-init-{rank}"))
+                    .spawn(move || setup::init(boot, rank, n, config))
+                    .map_err(|e| Error::Io {
+                        what: "init_local: spawn an init thread".into(),
+                        source: e,
+                    })
+            })
+            .collect::<Result<_>>()?;
+        let mut comms = Vec::with_capacity(n);
+        let mut first_error = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(c)) => comms.push(c),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(Error::Bootstrap(
+                        "init_local: an init thread panicked".into(),
+                    ));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(comms),
+        }
+    }
+
+    /// This rank's index, `0..size()`.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Where the ranks run.
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topo
+    }
+
+    /// Per peer, the name of the transport that carries its link (`None` for this rank).
+    pub fn transports(&self) -> &[Option<&'static str>] {
+        &self.inner.link_names
+    }
+
+    /// Aborts the communicator from any thread: every running and later call fails with
+    /// [`Error::Aborted`] and peers are told (their calls fail with [`Error::PeerFailed`]).
+    /// Irreversible; the connections close when the communicator is dropped.
+    pub fn abort(&self) {
+        self.inner.flags.abort();
+    }
+
+    /// Splits this communicator (MPI_Comm_split): every rank calls it; ranks passing the same
+    /// `color` form a new communicator, ordered by `key` and then by their rank here. A rank
+    /// passing `None` joins none and gets `None`.
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        let me = [color.map_or(-1, i64::from), i64::from(key)];
+        let mut all = vec![0i64; 2 * self.size()];
+        self.all_gather(&me, &mut all)?;
+        let split = {
+            let mut st = self.inner.lock();
+            st.splits += 1;
+            st.splits
+        };
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, Rank)> = (0..self.size())
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rank {}: split lost track of this rank",
+                    self.rank()
+                ))
+            })?;
+        let boot = self.inner.boot.child(&format!("split{split}/color{color}"));
+        setup::init(boot, rank, members.len(), self.inner.config.clone()).map(Some)
+    }
+
+    /// Runs `plan` over raw memory and waits for it: the one path every blocking collective
+    /// takes.
+    pub(crate) fn run(
+        &self,
+        plan: Plan,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Result<()> {
+        let result = Arc::new(OpResult::default());
+        let mut st = self.inner.lock();
+        self.inner
+            .submit(&mut st, plan, input, output, result.clone())?;
+        st.engine.drive_until(&result);
+        drop(st);
+        result.take().unwrap_or(Ok(()))
+    }
+
+    /// Queues `plan` for the background thread and returns its result slot.
+    pub(crate) fn start(
+        &self,
+        plan: Plan,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Result<Arc<OpResult>> {
+        let result = Arc::new(OpResult::default());
+        {
+            let mut st = self.inner.lock();
+            self.inner
+                .submit(&mut st, plan, input, output, result.clone())?;
+        }
+        self.inner.kick();
+        Ok(result)
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Validates `plan`, plans it (cached) and queues it.
+    fn submit(
+        &self,
+        st: &mut State,
+        plan: Plan,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+        result: Arc<OpResult>,
+    ) -> Result<()> {
+        let (mut choice, why) = tune::choose(&plan, &self.topo, &self.config);
+        choice.slice_bytes = self.slice_bytes;
+        let key = (plan, choice);
+        let schedule = match st.cache.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = algo::schedule(&plan, &choice, self.rank, self.size).map_err(|e| {
+                    Error::InvalidArgument(format!("rank {}: {}: {e}", self.rank, plan.collective))
+                })?;
+                tracing::debug!(rank = self.rank, collective = %plan.collective, count = plan.count,
+                    algorithm = %choice.algorithm, steps = s.len(), "planned: {why}");
+                if st.cache.len() >= CACHE_ENTRIES {
+                    st.cache.clear();
+                }
+                let s = Arc::new(s);
+                st.cache.insert(key, s.clone());
+                s
+            }
+        };
+        let seq = st.collectives;
+        st.collectives += 1;
+        let descriptor = Descriptor::collective(seq, &plan, choice.algorithm, choice.slice_bytes);
+        st.engine.submit(Operation {
+            name: format!("{} #{seq}", plan.collective),
+            work: Work::Schedule {
+                schedule,
+                descriptor,
+                dtype: plan.dtype,
+            },
+            input,
+            output,
+            result,
+        });
+        Ok(())
+    }
+
+    /// Wakes (starting it if needed) the thread that drives asynchronous operations.
+    fn kick(self: &Arc<Self>) {
+        if !self.background.started.swap(true, Ordering::AcqRel) {
+            let weak: Weak<Inner> = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name(format!("oxccl-progress-{}", self.rank))
+                .spawn(move || progress_thread(weak));
+            if spawned.is_err() {
+                // Without the thread, work is driven by whoever waits for it.
+                self.background.started.store(false, Ordering::Release);
+            }
+        }
+        *self
+            .background
+            .wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = true;
+        self.background.cv.notify_one();
+    }
+
+    /// Helps progress without blocking (for `is_completed`): one pass if nobody else is driving.
+    pub(crate) fn poke(&self) {
+        if let Ok(mut st) = self.state.try_lock() {
+            st.engine.drive_for(Duration::ZERO);
+        }
+    }
+
+    /// Waits for `result`, driving progress whenever nobody else is.
+    pub(crate) fn wait(&self, result: &OpResult) {
+        while !result.is_done() {
+            match self.state.try_lock() {
+                Ok(mut st) => st.engine.drive_until(result),
+                Err(_) => {
+                    result.wait_for(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+fn progress_thread(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.background.stop.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let wake = inner
+                .background
+                .wake
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (mut wake, _) = inner
+                .background
+                .cv
+                .wait_timeout_while(wake, Duration::from_millis(100), |w| !*w)
+                .unwrap_or_else(|p| p.into_inner());
+            *wake = false;
+        }
+        loop {
+            let mut st = inner.lock();
+            if !st.engine.busy() {
+                break;
+            }
+            st.engine.drive_for(Duration::from_millis(5));
+            drop(st);
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.background.stop.store(true, Ordering::Release);
+        self.background.cv.notify_all();
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        st.engine.shutdown("the communicator was dropped");
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .finish()
+    }
+}

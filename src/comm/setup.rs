@@ -1,0 +1,230 @@
+//! Making a communicator: build the allowed transports, publish this rank's endpoints through
+//! the store, read everyone else's, give each peer the first transport that can reach it,
+//! connect, and wait until every rank is connected. Every wait has the configured deadline.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use oxccl_transport::auth::Secret;
+use oxccl_transport::loopback::{Hub, LoopbackTransport};
+use oxccl_transport::{Link, PeerInfo, Transport};
+use oxccl_transport_tcp::{TcpConfig, TcpTransport};
+
+use super::{Background, Communicator, Inner, State};
+use crate::bootstrap::{PrefixStore, Store, StoreServer, iface};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::descriptor;
+use crate::exec::driver::{Engine, Flags};
+use crate::topo::{self, Topology};
+use crate::types::Rank;
+
+/// How a communicator finds its peers: the store, its namespace in it, the job secret, and for
+/// ranks inside one process the loopback hub.
+pub(crate) struct Boot {
+    store: Arc<dyn Store>,
+    prefix: String,
+    secret: Secret,
+    hub: Option<Arc<Hub>>,
+    store_addr: Option<SocketAddr>,
+    /// The store server this rank hosts, kept alive as long as any communicator using it.
+    _server: Option<Arc<StoreServer>>,
+}
+
+impl Boot {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        prefix: String,
+        secret: Secret,
+        hub: Option<Arc<Hub>>,
+        store_addr: Option<SocketAddr>,
+        server: Option<Arc<StoreServer>>,
+    ) -> Boot {
+        Boot {
+            store,
+            prefix,
+            secret,
+            hub,
+            store_addr,
+            _server: server,
+        }
+    }
+
+    /// The same store and secret, in a sub-namespace (for split communicators).
+    pub(crate) fn child(&self, name: &str) -> Boot {
+        Boot {
+            store: self.store.clone(),
+            prefix: format!("{}/{name}", self.prefix),
+            secret: self.secret.clone(),
+            hub: self.hub.clone(),
+            store_addr: self.store_addr,
+            _server: self._server.clone(),
+        }
+    }
+}
+
+/// Connects rank `rank` of `size` and returns its communicator.
+pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
+    let deadline = Instant::now() + config.timeout;
+    let store = PrefixStore::new(boot.store.clone(), boot.prefix.clone());
+    let host = topo::host_id(config.host_id.as_deref());
+    let max_message = config.slice_bytes.max(descriptor::LEN);
+    let mut transports = transports(&boot, rank, size, &config, max_message)?;
+
+    let mut endpoints = Vec::new();
+    for t in transports.iter_mut() {
+        let e = t
+            .listen()
+            .map_err(|e| transport_error(rank, format!("listen on {}", t.name()), e))?;
+        endpoints.push((t.name().to_string(), e));
+    }
+    let me = PeerInfo {
+        rank,
+        host,
+        endpoints,
+    };
+    store.set(&format!("peer/{rank}"), &me.encode())?;
+    let mut infos = Vec::with_capacity(size);
+    for r in 0..size {
+        let bytes = store.get(&format!("peer/{r}"), deadline)?;
+        let info = PeerInfo::decode(&bytes)
+            .filter(|i| i.rank == r)
+            .ok_or_else(|| {
+                Error::Bootstrap(format!(
+                    "rank {rank}: rank {r} published unreadable connection information"
+                ))
+            })?;
+        infos.push(info);
+    }
+
+    // Each peer gets the first allowed transport that can reach it.
+    let mut assigned: Vec<Vec<&PeerInfo>> = vec![Vec::new(); transports.len()];
+    let mut link_names = vec![None; size];
+    for p in infos.iter().filter(|p| p.rank != rank) {
+        let t = transports
+            .iter()
+            .position(|t| t.can_connect(&me, p))
+            .ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "rank {rank}: no allowed transport reaches rank {} (ours: {:?}; theirs: {:?})",
+                    p.rank,
+                    me.endpoints.iter().map(|e| &e.0).collect::<Vec<_>>(),
+                    p.endpoints.iter().map(|e| &e.0).collect::<Vec<_>>()
+                ))
+            })?;
+        assigned[t].push(p);
+        link_names[p.rank] = Some(transports[t].name());
+    }
+    let mut links: Vec<Option<Box<dyn Link>>> = (0..size).map(|_| None).collect();
+    for (t, peers) in transports.iter_mut().zip(&assigned) {
+        if peers.is_empty() {
+            continue;
+        }
+        let connected = t
+            .connect(peers, deadline)
+            .map_err(|e| transport_error(rank, format!("connect over {}", t.name()), e))?;
+        for (p, link) in peers.iter().zip(connected) {
+            links[p.rank] = Some(link);
+        }
+    }
+
+    // Nobody starts before everybody is connected: a rank that failed to connect shows up
+    // here, by name, instead of as a timeout in the first collective.
+    store.set(&format!("ready/{rank}"), b"1")?;
+    let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&keys, deadline)?;
+
+    let flags = Arc::new(Flags::new());
+    let engine = Engine::new(rank, links, config.timeout, flags.clone());
+    let slice_bytes = config.slice_bytes.min(engine.max_message());
+    tracing::debug!(
+        rank,
+        size,
+        ?link_names,
+        slice_bytes,
+        "communicator {} ready",
+        boot.prefix
+    );
+    let topo = Topology {
+        hosts: infos.into_iter().map(|i| i.host).collect(),
+    };
+    Ok(Communicator {
+        inner: Arc::new(Inner {
+            rank,
+            size,
+            config,
+            topo,
+            flags,
+            state: Mutex::new(State {
+                engine,
+                collectives: 0,
+                groups: vec![0; size],
+                splits: 0,
+                cache: Default::default(),
+            }),
+            boot,
+            background: Background::default(),
+            slice_bytes,
+            link_names,
+        }),
+    })
+}
+
+/// The allowed transports that can exist here, in preference order.
+fn transports(
+    boot: &Boot,
+    rank: Rank,
+    size: usize,
+    config: &Config,
+    max_message: usize,
+) -> Result<Vec<Box<dyn Transport>>> {
+    let mut out: Vec<Box<dyn Transport>> = Vec::new();
+    for name in config.transports.order() {
+        match name {
+            "loopback" => {
+                if let Some(hub) = &boot.hub {
+                    out.push(Box::new(LoopbackTransport::new(
+                        hub.clone(),
+                        &boot.prefix,
+                        rank,
+                        max_message,
+                    )));
+                }
+            }
+            "tcp" => {
+                let bind_ip = if boot.hub.is_some() {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                } else {
+                    iface::choose_ip(boot.store_addr)?
+                };
+                let tcp = TcpTransport::new(TcpConfig {
+                    rank,
+                    nranks: size,
+                    secret: boot.secret.clone(),
+                    bind_ip,
+                    max_message,
+                    context: boot.prefix.as_bytes().to_vec(),
+                })
+                .map_err(|e| transport_error(rank, "create the TCP transport".into(), e))?;
+                out.push(Box::new(tcp));
+            }
+            other => tracing::debug!(
+                rank,
+                "transport {other} is not built into this version; skipped"
+            ),
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Unavailable(format!(
+            "rank {rank}: none of the allowed transports ({:?}) is available",
+            config.transports.order().collect::<Vec<_>>()
+        )));
+    }
+    Ok(out)
+}
+
+fn transport_error(rank: Rank, what: String, source: oxccl_transport::TransportError) -> Error {
+    Error::Transport { rank, what, source }
+}

@@ -1,0 +1,239 @@
+//! The descriptor every rank sends on each link a collective uses, before its data: what the
+//! sender called. A receiver that finds a different call than its own fails at once with both
+//! descriptors in the error, instead of hanging or reducing the wrong bytes.
+
+use std::fmt;
+
+use crate::algo::{Algorithm, Collective, Plan};
+use crate::types::{DataType, ReduceOp};
+
+/// Wire size of a descriptor.
+pub const LEN: usize = 48;
+
+const MAGIC: u32 = 0x4F58_4344; // "OXCD"
+
+/// What a rank called, as its peers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Descriptor {
+    /// A collective: the per-communicator sequence number and everything that shapes the
+    /// messages.
+    Collective {
+        /// Sequence number among this communicator's collectives.
+        seq: u64,
+        /// The collective.
+        collective: Collective,
+        /// Element type.
+        dtype: DataType,
+        /// Operator (only compared for reducing collectives).
+        op: ReduceOp,
+        /// Root (only compared for rooted collectives).
+        root: u32,
+        /// Element count.
+        count: u64,
+        /// Algorithm.
+        algorithm: Algorithm,
+        /// Message slice size.
+        slice_bytes: u32,
+    },
+    /// A group of point-to-point operations between this pair.
+    PointToPoint {
+        /// Sequence number among the groups this pair shared.
+        seq: u64,
+        /// Bytes the sender sends to the receiver in the group.
+        sends: u64,
+        /// Bytes the sender expects from the receiver in the group.
+        recvs: u64,
+    },
+}
+
+impl Descriptor {
+    /// The descriptor of collective number `seq`.
+    pub fn collective(
+        seq: u64,
+        plan: &Plan,
+        algorithm: Algorithm,
+        slice_bytes: usize,
+    ) -> Descriptor {
+        Descriptor::Collective {
+            seq,
+            collective: plan.collective,
+            dtype: plan.dtype,
+            op: if plan.collective.reduces() {
+                plan.op
+            } else {
+                ReduceOp::Sum
+            },
+            root: if plan.collective.rooted() {
+                plan.root as u32
+            } else {
+                0
+            },
+            count: plan.count as u64,
+            algorithm,
+            slice_bytes: slice_bytes as u32,
+        }
+    }
+
+    /// Whether `theirs`, received from a peer, is consistent with `self`, this rank's call.
+    pub fn matches(&self, theirs: &Descriptor) -> bool {
+        match (self, theirs) {
+            (
+                Descriptor::PointToPoint { seq, sends, recvs },
+                Descriptor::PointToPoint {
+                    seq: s2,
+                    sends: sends2,
+                    recvs: recvs2,
+                },
+            ) => seq == s2 && sends == recvs2 && recvs == sends2,
+            (a, b) => a == b,
+        }
+    }
+
+    /// The wire form.
+    pub fn encode(&self) -> [u8; LEN] {
+        let mut b = [0u8; LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        match *self {
+            Descriptor::Collective {
+                seq,
+                collective,
+                dtype,
+                op,
+                root,
+                count,
+                algorithm,
+                slice_bytes,
+            } => {
+                b[4] = 1;
+                b[5] = Collective::ALL
+                    .iter()
+                    .position(|&c| c == collective)
+                    .unwrap_or(0) as u8;
+                b[6] = dtype as u8;
+                b[7] = op as u8;
+                b[8] = Algorithm::ALL
+                    .iter()
+                    .position(|&a| a == algorithm)
+                    .unwrap_or(0) as u8;
+                b[12..16].copy_from_slice(&root.to_le_bytes());
+                b[16..24].copy_from_slice(&seq.to_le_bytes());
+                b[24..32].copy_from_slice(&count.to_le_bytes());
+                b[32..36].copy_from_slice(&slice_bytes.to_le_bytes());
+            }
+            Descriptor::PointToPoint { seq, sends, recvs } => {
+                b[4] = 2;
+                b[16..24].copy_from_slice(&seq.to_le_bytes());
+                b[24..32].copy_from_slice(&sends.to_le_bytes());
+                b[32..40].copy_from_slice(&recvs.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Parses the wire form; `None` for anything that is not a descriptor.
+    pub fn decode(b: &[u8]) -> Option<Descriptor> {
+        if b.len() != LEN || b[0..4] != MAGIC.to_le_bytes() {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        match b[4] {
+            1 => Some(Descriptor::Collective {
+                collective: *Collective::ALL.get(b[5] as usize)?,
+                dtype: DataType::from_raw(b[6] as i64)?,
+                op: ReduceOp::from_raw(b[7] as i64)?,
+                algorithm: *Algorithm::ALL.get(b[8] as usize)?,
+                root: u32_at(12),
+                seq: u64_at(16),
+                count: u64_at(24),
+                slice_bytes: u32_at(32),
+            }),
+            2 => Some(Descriptor::PointToPoint {
+                seq: u64_at(16),
+                sends: u64_at(24),
+                recvs: u64_at(32),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Descriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Descriptor::Collective {
+                seq,
+                collective,
+                dtype,
+                op,
+                root,
+                count,
+                algorithm,
+                slice_bytes,
+            } => {
+                write!(f, "{collective} #{seq} of {count} × {dtype}")?;
+                if collective.reduces() {
+                    write!(f, " op {op}")?;
+                }
+                if collective.rooted() {
+                    write!(f, " root {root}")?;
+                }
+                write!(f, " (algorithm {algorithm}, slices of {slice_bytes} B)")
+            }
+            Descriptor::PointToPoint { seq, sends, recvs } => {
+                write!(
+                    f,
+                    "point-to-point group #{seq} sending {sends} B and receiving {recvs} B"
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_garbage() {
+        let plan = Plan::new(Collective::Broadcast, 77, DataType::BF16).root(3);
+        let d = Descriptor::collective(9, &plan, Algorithm::Tree, 4096);
+        assert_eq!(Descriptor::decode(&d.encode()), Some(d));
+        let p = Descriptor::PointToPoint {
+            seq: 2,
+            sends: 10,
+            recvs: 20,
+        };
+        assert_eq!(Descriptor::decode(&p.encode()), Some(p));
+        assert_eq!(Descriptor::decode(&[0u8; LEN]), None);
+        assert_eq!(Descriptor::decode(&[1u8; 3]), None);
+        let mut bad = d.encode();
+        bad[6] = 200;
+        assert_eq!(Descriptor::decode(&bad), None);
+    }
+
+    #[test]
+    fn point_to_point_matches_mirror_image() {
+        let a = Descriptor::PointToPoint {
+            seq: 1,
+            sends: 10,
+            recvs: 0,
+        };
+        let b = Descriptor::PointToPoint {
+            seq: 1,
+            sends: 0,
+            recvs: 10,
+        };
+        assert!(a.matches(&b));
+        assert!(!a.matches(&a) || a == b);
+        let other_count = Plan::new(Collective::AllReduce, 5, DataType::F32);
+        let mine = Descriptor::collective(
+            0,
+            &Plan::new(Collective::AllReduce, 4, DataType::F32),
+            Algorithm::Ring,
+            8,
+        );
+        assert!(!mine.matches(&Descriptor::collective(0, &other_count, Algorithm::Ring, 8)));
+        assert!(mine.matches(&mine));
+    }
+}

@@ -1,0 +1,991 @@
+//! The I/O loop: runs operations — collectives compiled to schedules, and groups of
+//! point-to-point messages — over the communicator's links. It posts what [`Progress`] says is
+//! ready, polls links for completions, reduces lent messages straight out of transport memory,
+//! and enforces the deadline, aborts and peer failures.
+//!
+//! # Threading model
+//!
+//! The [`Engine`] lives behind the communicator's mutex; whoever holds the lock drives progress
+//! for every queued operation, in order. A blocking call drives its own operation on the calling
+//! thread (no hand-off, so no wake-up latency); asynchronous operations are driven by a
+//! background thread, or by whoever waits on them. Operations run one at a time in submission
+//! order, so the messages of consecutive collectives never interleave on a link.
+//!
+//! # Waiting
+//!
+//! When nothing moves, the loop spins briefly (latency), then yields (other ranks may share the
+//! core), then blocks in `poll(2)` on the links' descriptors and the abort waker, never past the
+//! operation's deadline.
+//!
+//! # Failure
+//!
+//! Any failure — timeout, dead or misbehaving peer, mismatched call, abort — fails the running
+//! operation with an error naming this rank, the peer and the operation, sends a control notice
+//! to every peer (so they fail fast too), then closes and drops every link: no transport can
+//! touch user memory after that, and every later operation fails at once with `Aborted`.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use oxccl_transport::{Completion, Link, RecvBuf, RecvInto, SendBuf, Token, TransportError};
+
+use super::descriptor::{self, Descriptor};
+use super::progress::{Action, Progress};
+use crate::algo::{Buffer, Op, Region, Schedule};
+use crate::error::{Error, Result};
+use crate::reduce::cpu;
+use crate::types::{DataType, Rank};
+
+/// Spin this long without progress before yielding the processor.
+const SPIN: Duration = Duration::from_micros(20);
+/// Yield this long without progress before blocking in `poll(2)`.
+const YIELD: Duration = Duration::from_millis(2);
+/// Longest single block, so aborts and deadlines are noticed even without a waker.
+const MAX_BLOCK: Duration = Duration::from_millis(50);
+/// How long a failing rank keeps pushing its failure notices out.
+const NOTICE_FLUSH: Duration = Duration::from_millis(5);
+
+/// The result slot of one operation, shared with whoever waits for it.
+#[derive(Debug, Default)]
+pub struct OpResult {
+    done: AtomicBool,
+    slot: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl OpResult {
+    /// Whether the operation has finished (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    fn set(&self, r: Result<()>) {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        *slot = Some(r);
+        self.done.store(true, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    /// Takes the result once the operation is done.
+    pub fn take(&self) -> Option<Result<()>> {
+        if !self.is_done() {
+            return None;
+        }
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Blocks until the operation is done or `timeout` passes; returns whether it is done.
+    pub fn wait_for(&self, timeout: Duration) -> bool {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let (_slot, _) = self
+            .cv
+            .wait_timeout_while(slot, timeout, |_| !self.done.load(Ordering::Acquire))
+            .unwrap_or_else(|p| p.into_inner());
+        self.is_done()
+    }
+}
+
+/// Abort flag and the waker that interrupts a blocked driver; shared with `abort()`.
+#[derive(Debug)]
+pub struct Flags {
+    aborted: AtomicBool,
+    waker: Option<OwnedFd>,
+}
+
+impl Flags {
+    /// New flags with an eventfd waker (or none if the system refuses one: the driver then
+    /// notices an abort within its longest block).
+    pub fn new() -> Flags {
+        let waker = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .ok();
+        Flags {
+            aborted: AtomicBool::new(false),
+            waker,
+        }
+    }
+
+    /// Marks the communicator aborted and wakes a blocked driver.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        if let Some(w) = &self.waker {
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Whether `abort` was called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags::new()
+    }
+}
+
+/// What an operation does.
+pub enum Work {
+    /// A collective: run `schedule` over the bound buffers, after exchanging `descriptor` with
+    /// every peer the schedule talks to.
+    Schedule {
+        /// This rank's schedule.
+        schedule: Arc<Schedule>,
+        /// What this rank called.
+        descriptor: Descriptor,
+        /// Element type, for reductions.
+        dtype: DataType,
+    },
+    /// Point-to-point messages, all posted at once (so paired sends and receives cannot
+    /// deadlock), after exchanging a descriptor with each peer.
+    PointToPoint {
+        /// The messages, each at most one slice.
+        messages: Vec<Message>,
+        /// Per peer, this rank's descriptor for the group.
+        descriptors: Vec<(Rank, Descriptor)>,
+    },
+}
+
+/// One point-to-point message of a group.
+#[derive(Clone, Copy, Debug)]
+pub struct Message {
+    /// The peer.
+    pub peer: Rank,
+    /// Send (`true`) or receive.
+    pub send: bool,
+    /// The memory.
+    pub ptr: *mut u8,
+    /// Its length.
+    pub len: usize,
+}
+
+/// An operation handed to the engine.
+pub struct Operation {
+    /// Name with sequence number, for errors (`"all_reduce #3"`).
+    pub name: String,
+    /// What to do.
+    pub work: Work,
+    /// Input memory (`Buffer::Input`).
+    pub input: (*const u8, usize),
+    /// Output memory (`Buffer::Output`).
+    pub output: (*mut u8, usize),
+    /// Where the result goes.
+    pub result: Arc<OpResult>,
+}
+
+// SAFETY: an Operation carries raw pointers to memory its submitter keeps valid (and does not
+// otherwise touch) until `result` is set; the engine only dereferences them while running the
+// operation, under the communicator's lock, from whichever thread drives.
+unsafe impl Send for Operation {}
+
+/// Token layout: serial (24 bits) | kind (8) | index (32).
+const KIND_STEP: u64 = 0;
+const KIND_DESC_SEND: u64 = 1;
+const KIND_DESC_RECV: u64 = 2;
+const KIND_MESSAGE: u64 = 3;
+
+fn token(serial: u64, kind: u64, index: usize) -> Token {
+    ((serial & 0xFF_FFFF) << 40) | (kind << 32) | index as u64
+}
+
+fn split_token(t: Token) -> (u64, u64, usize) {
+    (t >> 40, (t >> 32) & 0xFF, (t & 0xFFFF_FFFF) as usize)
+}
+
+/// Control notice kinds (first byte of a control message).
+const NOTICE_FAILED: u8 = 1;
+const NOTICE_MISMATCH: u8 = 2;
+
+/// The running operation's state.
+struct Running {
+    op: Operation,
+    serial: u64,
+    deadline: Instant,
+    started: Instant,
+    progress: Option<Progress>,
+    /// Descriptors: ours per peer (stable memory for zero-copy sends), theirs as received.
+    desc_out: Vec<(Rank, Box<[u8; descriptor::LEN]>)>,
+    desc_in: Vec<(Rank, Box<[u8; descriptor::LEN]>, bool)>,
+    /// Completions still expected outside the schedule: descriptor sends and receives, and
+    /// point-to-point messages.
+    outstanding: usize,
+}
+
+/// The per-communicator executor. See the module docs.
+pub struct Engine {
+    rank: Rank,
+    links: Vec<Option<Box<dyn Link>>>,
+    /// Per peer, why its link is gone (an error seen while no operation needed it).
+    dead: Vec<Option<String>>,
+    queue: VecDeque<Operation>,
+    running: Option<Running>,
+    serial: u64,
+    scratch: Vec<u64>,
+    completions: Vec<(Rank, Completion)>,
+    polled: Vec<Completion>,
+    broken: Option<String>,
+    timeout: Duration,
+    flags: Arc<Flags>,
+    passes: u64,
+}
+
+impl Engine {
+    /// An engine for `rank` over `links` (indexed by peer rank; `None` for this rank).
+    pub fn new(
+        rank: Rank,
+        links: Vec<Option<Box<dyn Link>>>,
+        timeout: Duration,
+        flags: Arc<Flags>,
+    ) -> Engine {
+        Engine {
+            rank,
+            dead: vec![None; links.len()],
+            links,
+            queue: VecDeque::new(),
+            running: None,
+            serial: 0,
+            scratch: Vec::new(),
+            completions: Vec::new(),
+            polled: Vec::new(),
+            broken: None,
+            timeout,
+            flags,
+            passes: 0,
+        }
+    }
+
+    /// Largest message every link carries (the slice size must not exceed it).
+    pub fn max_message(&self) -> usize {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| l.max_message())
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Queues an operation. If the communicator is already broken it fails at once.
+    pub fn submit(&mut self, op: Operation) {
+        if let Some(why) = &self.broken {
+            let e = Error::Aborted {
+                rank: self.rank,
+                op: op.name.clone(),
+                why: why.clone(),
+            };
+            op.result.set(Err(e));
+            return;
+        }
+        self.queue.push_back(op);
+    }
+
+    /// Whether operations are queued or running.
+    pub fn busy(&self) -> bool {
+        self.running.is_some() || !self.queue.is_empty()
+    }
+
+    /// Drives until `result` is set.
+    pub fn drive_until(&mut self, result: &OpResult) {
+        let mut idle_since: Option<Instant> = None;
+        while !result.is_done() {
+            if self.pass() {
+                idle_since = None;
+                continue;
+            }
+            self.idle(&mut idle_since);
+        }
+    }
+
+    /// Drives until nothing is queued or running, or `budget` has passed.
+    pub fn drive_for(&mut self, budget: Duration) {
+        let end = Instant::now() + budget;
+        let mut idle_since: Option<Instant> = None;
+        while self.busy() && Instant::now() < end {
+            if self.pass() {
+                idle_since = None;
+                continue;
+            }
+            self.idle(&mut idle_since);
+        }
+    }
+
+    /// Backs off after a pass that moved nothing: spin, then yield, then block.
+    fn idle(&mut self, idle_since: &mut Option<Instant>) {
+        let now = Instant::now();
+        let since = *idle_since.get_or_insert(now);
+        let idle = now - since;
+        if idle < SPIN {
+            std::hint::spin_loop();
+        } else if idle < YIELD {
+            std::thread::yield_now();
+        } else {
+            let until = self
+                .running
+                .as_ref()
+                .map(|r| r.deadline)
+                .unwrap_or(now + MAX_BLOCK);
+            self.block(until.saturating_duration_since(now).min(MAX_BLOCK));
+        }
+    }
+
+    /// Blocks until a link may have progressed, the waker fires, or `timeout` passes.
+    fn block(&mut self, timeout: Duration) {
+        let mut fds: Vec<(BorrowedFd<'_>, rustix::event::PollFlags)> = Vec::new();
+        let mut all_waitable = true;
+        for link in self.links.iter().flatten() {
+            match link.readiness() {
+                Some(r) => {
+                    let mut flags = rustix::event::PollFlags::empty();
+                    if r.read {
+                        flags |= rustix::event::PollFlags::IN;
+                    }
+                    if r.write {
+                        flags |= rustix::event::PollFlags::OUT;
+                    }
+                    // SAFETY: the descriptor belongs to a link we hold (borrowed immutably for
+                    // the duration of this call), so it stays open while we poll it.
+                    fds.push((unsafe { BorrowedFd::borrow_raw(r.fd) }, flags));
+                }
+                None => all_waitable = false,
+            }
+        }
+        if !all_waitable || fds.is_empty() {
+            std::thread::sleep(timeout.min(Duration::from_micros(200)));
+            return;
+        }
+        if let Some(w) = &self.flags.waker {
+            fds.push((w.as_fd(), rustix::event::PollFlags::IN));
+        }
+        let mut pollfds: Vec<rustix::event::PollFd<'_>> = fds
+            .iter()
+            .map(|(fd, f)| rustix::event::PollFd::new(fd, *f))
+            .collect();
+        let ts = rustix::event::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        let _ = rustix::event::poll(&mut pollfds, Some(&ts));
+    }
+
+    /// One pass: start the next operation, act on what is ready, poll links, check deadline and
+    /// abort. Returns whether anything happened.
+    fn pass(&mut self) -> bool {
+        self.passes += 1;
+        if self.flags.is_aborted() && self.broken.is_none() {
+            let why = "abort() was called".to_string();
+            self.fail(None, why.clone(), Some((self.rank, why)));
+            return true;
+        }
+        let mut moved = false;
+        if self.running.is_none() {
+            let Some(op) = self.queue.pop_front() else {
+                return false;
+            };
+            self.start(op);
+            moved = true;
+        }
+        moved |= self.act();
+        moved |= self.poll_links();
+        if let Some(r) = &self.running {
+            let done = r.outstanding == 0 && r.progress.as_ref().is_none_or(|p| p.is_done());
+            if done {
+                let r = self.running.take().expect("checked");
+                r.op.result.set(Ok(()));
+                return true;
+            }
+            if Instant::now() >= r.deadline {
+                let peer = r
+                    .desc_in
+                    .iter()
+                    .find(|(_, _, got)| !got)
+                    .map(|(p, _, _)| *p)
+                    .or_else(|| r.progress.as_ref().and_then(|p| p.waiting_for().next()));
+                let e = Error::Timeout {
+                    rank: self.rank,
+                    op: r.op.name.clone(),
+                    peer,
+                    after: self.timeout,
+                };
+                self.fail_with(e);
+                return true;
+            }
+        }
+        moved
+    }
+
+    /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, every message).
+    fn start(&mut self, op: Operation) {
+        self.serial = self.serial.wrapping_add(1);
+        let serial = self.serial;
+        let now = Instant::now();
+        let mut running = Running {
+            serial,
+            deadline: now + self.timeout,
+            started: now,
+            progress: None,
+            desc_out: Vec::new(),
+            desc_in: Vec::new(),
+            outstanding: 0,
+            op,
+        };
+        let (peers, descs): (Vec<Rank>, Vec<Descriptor>) = match &running.op.work {
+            Work::Schedule {
+                schedule,
+                descriptor,
+                ..
+            } => {
+                let words = schedule.scratch_len().div_ceil(8);
+                if self.scratch.len() < words {
+                    self.scratch.resize(words, 0);
+                }
+                running.progress = Some(Progress::new(schedule.clone()));
+                let peers = schedule.peers();
+                let descs = vec![*descriptor; peers.len()];
+                (peers, descs)
+            }
+            Work::PointToPoint { descriptors, .. } => descriptors.iter().copied().unzip(),
+        };
+        if let Some((peer, why)) = peers
+            .iter()
+            .find_map(|&p| self.dead.get(p)?.clone().map(|w| (p, w)))
+        {
+            let e = Error::PeerFailed {
+                rank: self.rank,
+                peer,
+                op: running.op.name.clone(),
+                cause: why,
+            };
+            self.running = Some(running);
+            self.fail_with(e);
+            return;
+        }
+        for (i, (&peer, d)) in peers.iter().zip(&descs).enumerate() {
+            running.desc_out.push((peer, Box::new(d.encode())));
+            running
+                .desc_in
+                .push((peer, Box::new([0u8; descriptor::LEN]), false));
+            let out_ptr = running.desc_out[i].1.as_ptr();
+            let in_ptr = running.desc_in[i].1.as_mut_ptr();
+            let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
+                running.op.result.set(Err(Error::InvalidArgument(format!(
+                    "rank {}: {} names rank {peer}, which has no link",
+                    self.rank, running.op.name
+                ))));
+                return;
+            };
+            // SAFETY: the descriptor boxes live in `running` until the operation ends, and links
+            // are dropped before `running` is when the operation fails.
+            let r = unsafe {
+                link.post_send(
+                    token(serial, KIND_DESC_SEND, i),
+                    SendBuf::new(out_ptr, descriptor::LEN),
+                )
+                .and_then(|()| {
+                    link.post_recv(
+                        token(serial, KIND_DESC_RECV, i),
+                        RecvInto::Memory(RecvBuf::new(in_ptr, descriptor::LEN)),
+                    )
+                })
+            };
+            running.outstanding += 2;
+            if let Err(e) = r {
+                self.running = Some(running);
+                self.link_failed(peer, e);
+                return;
+            }
+        }
+        if let Work::PointToPoint { messages, .. } = &running.op.work {
+            for (i, m) in messages.iter().enumerate() {
+                let Some(link) = self.links.get_mut(m.peer).and_then(Option::as_mut) else {
+                    continue;
+                };
+                let t = token(serial, KIND_MESSAGE, i);
+                // SAFETY: the submitter keeps the message memory valid until the result is set;
+                // links are dropped before that on failure.
+                let r = unsafe {
+                    if m.send {
+                        link.post_send(t, SendBuf::new(m.ptr, m.len))
+                    } else {
+                        link.post_recv(t, RecvInto::Memory(RecvBuf::new(m.ptr, m.len)))
+                    }
+                };
+                running.outstanding += 1;
+                if let Err(e) = r {
+                    let peer = m.peer;
+                    self.running = Some(running);
+                    self.link_failed(peer, e);
+                    return;
+                }
+            }
+        }
+        self.running = Some(running);
+    }
+
+    /// Base pointer and length of a buffer of the running operation.
+    fn buffer(&mut self, b: Buffer) -> (*mut u8, usize) {
+        let r = self.running.as_ref().expect("called while running");
+        match b {
+            Buffer::Input => (r.op.input.0 as *mut u8, r.op.input.1),
+            Buffer::Output => r.op.output,
+            Buffer::Scratch => (self.scratch.as_mut_ptr() as *mut u8, self.scratch.len() * 8),
+        }
+    }
+
+    /// A region's memory, or an error if it lies outside its buffer (a bug, never UB).
+    fn region(&mut self, region: Region) -> Result<*mut u8> {
+        if region.len == 0 {
+            // Empty messages (barriers) and unused buffers have no memory: never hand out null.
+            return Ok(std::ptr::NonNull::<u8>::dangling().as_ptr());
+        }
+        let (base, len) = self.buffer(region.buffer);
+        if region.end() > len {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: schedule region {region:?} exceeds its buffer of {len} bytes",
+                self.rank
+            )));
+        }
+        // SAFETY: offset is within the buffer (checked above).
+        Ok(unsafe { base.add(region.offset) })
+    }
+
+    /// Performs every action the running schedule has ready.
+    fn act(&mut self) -> bool {
+        let mut moved = false;
+        loop {
+            let Some(r) = self.running.as_mut() else {
+                return moved;
+            };
+            let serial = r.serial;
+            let Some(p) = r.progress.as_mut() else {
+                return moved;
+            };
+            let Some(action) = p.poll_action() else {
+                return moved;
+            };
+            moved = true;
+            let outcome = match action {
+                Action::Send { step, peer, src } => {
+                    self.post_send(serial, step as usize, peer, src)
+                }
+                Action::Recv { step, peer, op } => self.post_recv(serial, step as usize, peer, op),
+                Action::Local { step, op } => self.local(op).map(|()| {
+                    if let Some(p) = self.running.as_mut().and_then(|r| r.progress.as_mut()) {
+                        p.handle_done(step);
+                    }
+                }),
+            };
+            if let Err(e) = outcome {
+                self.fail_with(e);
+                return true;
+            }
+        }
+    }
+
+    fn post_send(&mut self, serial: u64, step: usize, peer: Rank, src: Region) -> Result<()> {
+        let ptr = self.region(src)?;
+        let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(self.no_link(peer));
+        };
+        // SAFETY: the region lies in memory the operation's submitter keeps valid, or in scratch,
+        // which is not resized while an operation runs; the schedule orders writes to it after
+        // this send completes.
+        let r =
+            unsafe { link.post_send(token(serial, KIND_STEP, step), SendBuf::new(ptr, src.len)) };
+        r.map_err(|e| self.transport_error(peer, e))
+    }
+
+    fn post_recv(&mut self, serial: u64, step: usize, peer: Rank, op: Op) -> Result<()> {
+        let into = match op {
+            Op::Recv { dst, .. } => {
+                let ptr = self.region(dst)?;
+                // SAFETY: as for sends; the schedule gives this step exclusive use of `dst`.
+                RecvInto::Memory(unsafe { RecvBuf::new(ptr, dst.len) })
+            }
+            Op::RecvReduce { dst, .. } => RecvInto::Lend { len: dst.len },
+            _ => unreachable!("progress offers receives only for receive steps"),
+        };
+        let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(self.no_link(peer));
+        };
+        // SAFETY: see above.
+        let r = unsafe { link.post_recv(token(serial, KIND_STEP, step), into) };
+        r.map_err(|e| self.transport_error(peer, e))
+    }
+
+    /// Runs a local step.
+    fn local(&mut self, op: Op) -> Result<()> {
+        let dtype = self.dtype();
+        match op {
+            Op::Copy { dst, src } => {
+                let (d, s) = (self.region(dst)?, self.region(src)?);
+                // SAFETY: both regions lie in their buffers (checked); schedules never copy
+                // between overlapping regions.
+                unsafe { std::ptr::copy(s, d, dst.len.min(src.len)) };
+                Ok(())
+            }
+            Op::Reduce { dst, a, b, op } => {
+                let (d, pa, pb) = (self.region(dst)?, self.region(a)?, self.region(b)?);
+                // SAFETY: regions lie in their buffers and are equal or disjoint, so the slices
+                // below never alias a mutable one.
+                unsafe { combine(d, pa, pb, dst, a, b, dtype, op) }
+            }
+            Op::Divide { dst, by } => {
+                let d = self.region(dst)?;
+                // SAFETY: the region lies in its buffer and the schedule gives this step sole use.
+                let out = unsafe { std::slice::from_raw_parts_mut(d, dst.len) };
+                cpu::divide_bytes(out, dtype, by)
+            }
+            _ => unreachable!("progress offers only local steps here"),
+        }
+    }
+
+    fn dtype(&self) -> DataType {
+        match self.running.as_ref().map(|r| &r.op.work) {
+            Some(Work::Schedule { dtype, .. }) => *dtype,
+            _ => DataType::U8,
+        }
+    }
+
+    /// Polls links (those of the running operation every pass, all of them now and then, to
+    /// notice dead peers and notices early) and handles what completed.
+    fn poll_links(&mut self) -> bool {
+        self.completions.clear();
+        let every =
+            self.running.is_none() || self.passes.is_multiple_of(64) || self.links.len() <= 16;
+        let mut failure: Option<(Rank, TransportError)> = None;
+        for peer in 0..self.links.len() {
+            if !every && !self.in_use(peer) {
+                continue;
+            }
+            let Some(link) = self.links[peer].as_mut() else {
+                continue;
+            };
+            self.polled.clear();
+            let r = link.poll(&mut self.polled);
+            self.completions
+                .extend(self.polled.drain(..).map(|c| (peer, c)));
+            if let Err(e) = r {
+                failure = Some((peer, e));
+                break;
+            }
+        }
+        let moved = !self.completions.is_empty();
+        let completions = std::mem::take(&mut self.completions);
+        for (peer, c) in &completions {
+            if self.broken.is_some() {
+                break;
+            }
+            if let Err(e) = self.handle(*peer, c) {
+                self.fail_with(e);
+            }
+        }
+        self.completions = completions;
+        if let Some((peer, e)) = failure
+            && self.broken.is_none()
+        {
+            if self.in_use(peer) {
+                self.link_failed(peer, e);
+            } else {
+                // Nothing running needs this peer: remember why it is gone, so the next
+                // operation that does fails at once, naming it.
+                tracing::debug!(rank = self.rank, peer, "link lost while idle: {e}");
+                self.dead[peer] = Some(e.to_string());
+                self.links[peer] = None;
+            }
+            return true;
+        }
+        moved
+    }
+
+    fn in_use(&self, peer: Rank) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|r| r.desc_in.iter().any(|(p, _, _)| *p == peer))
+    }
+
+    /// Handles one completion from `peer`'s link.
+    fn handle(&mut self, peer: Rank, c: &Completion) -> Result<()> {
+        if let Completion::Control(bytes) = c {
+            return Err(self.notice(peer, bytes));
+        }
+        let t = match c {
+            Completion::Sent(t) | Completion::Received(t) => *t,
+            Completion::Lent { token, .. } => *token,
+            Completion::Control(_) => unreachable!("handled above"),
+        };
+        let (serial, kind, index) = split_token(t);
+        let rank = self.rank;
+        let Some(r) = self.running.as_mut() else {
+            return Ok(());
+        };
+        if serial != r.serial & 0xFF_FFFF {
+            return Ok(()); // a completion of an earlier operation: cannot happen, ignore
+        }
+        match kind {
+            KIND_DESC_SEND | KIND_MESSAGE => r.outstanding -= 1,
+            KIND_DESC_RECV => {
+                r.outstanding -= 1;
+                let (peer, buf, got) = &mut r.desc_in[index];
+                *got = true;
+                let ours = Descriptor::decode(&r.desc_out[index].1[..]).expect("we encoded it");
+                match Descriptor::decode(&buf[..]) {
+                    Some(theirs) if ours.matches(&theirs) => {}
+                    theirs => {
+                        let theirs = theirs
+                            .map_or("something that is not an oxccl call".into(), |d| {
+                                d.to_string()
+                            });
+                        let peer = *peer;
+                        let e = Error::Mismatch {
+                            rank,
+                            peer,
+                            op: r.op.name.clone(),
+                            ours: ours.to_string(),
+                            theirs: theirs.clone(),
+                        };
+                        if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) {
+                            let mut notice = vec![NOTICE_MISMATCH];
+                            notice.extend(ours.to_string().as_bytes());
+                            let _ = link.post_control(&notice[..notice.len().min(4096)]);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            KIND_STEP => {
+                if let Completion::Lent { ptr, len, token } = c {
+                    let token = *token;
+                    let op = r.progress.as_ref().expect("schedule").schedule().steps()[index].op;
+                    let Op::RecvReduce { dst, src, op, .. } = op else {
+                        return Err(Error::InvalidArgument(format!(
+                            "rank {rank}: lent message for a plain receive"
+                        )));
+                    };
+                    let dtype = self.dtype();
+                    let (d, s) = (self.region(dst)?, self.region(src)?);
+                    let msg_region = Region::new(Buffer::Scratch, usize::MAX / 2, *len);
+                    // SAFETY: `ptr..ptr+len` is the link's lent memory, valid until release;
+                    // dst and src lie in their buffers and are equal or disjoint; the message
+                    // memory is the transport's and overlaps neither.
+                    let r =
+                        unsafe { combine(d, s, *ptr as *mut u8, dst, src, msg_region, dtype, op) };
+                    if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) {
+                        link.release(token);
+                    }
+                    r?;
+                }
+                if let Some(p) = self.running.as_mut().and_then(|r| r.progress.as_mut()) {
+                    p.handle_done(index as u32);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The error a peer's control notice stands for.
+    fn notice(&self, peer: Rank, bytes: &[u8]) -> Error {
+        let op = self
+            .running
+            .as_ref()
+            .map_or_else(|| "the next operation".into(), |r| r.op.name.clone());
+        match bytes.first() {
+            Some(&NOTICE_MISMATCH) => {
+                let ours = self
+                    .running
+                    .as_ref()
+                    .and_then(|r| r.desc_out.first())
+                    .and_then(|(_, d)| Descriptor::decode(&d[..]));
+                Error::Mismatch {
+                    rank: self.rank,
+                    peer,
+                    op,
+                    ours: ours.map_or("nothing".into(), |d| d.to_string()),
+                    theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
+                }
+            }
+            _ => {
+                let origin = bytes
+                    .get(1..5)
+                    .and_then(|b| b.try_into().ok())
+                    .map(|b| u32::from_le_bytes(b) as Rank)
+                    .filter(|&o| o < self.links.len() && o != self.rank)
+                    .unwrap_or(peer);
+                let text = String::from_utf8_lossy(bytes.get(5..).unwrap_or_default()).into_owned();
+                let cause = if origin == peer {
+                    text
+                } else {
+                    format!("reported by rank {peer}: {text}")
+                };
+                Error::PeerFailed {
+                    rank: self.rank,
+                    peer: origin,
+                    op,
+                    cause,
+                }
+            }
+        }
+    }
+
+    fn no_link(&self, peer: Rank) -> Error {
+        Error::InvalidArgument(format!("rank {}: no link to rank {peer}", self.rank))
+    }
+
+    fn transport_error(&self, peer: Rank, e: TransportError) -> Error {
+        let op = self
+            .running
+            .as_ref()
+            .map_or_else(|| "idle".into(), |r| r.op.name.clone());
+        Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op,
+            cause: e.to_string(),
+        }
+    }
+
+    fn link_failed(&mut self, peer: Rank, e: TransportError) {
+        let e = self.transport_error(peer, e);
+        self.fail_with(e);
+    }
+
+    fn fail_with(&mut self, e: Error) {
+        // The rank at the root of the failure: a failed peer, or this rank itself.
+        let origin = match &e {
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => self.rank,
+        };
+        let why = e.to_string();
+        self.fail(Some(e), why.clone(), Some((origin, why)));
+    }
+
+    /// Fails the running operation (with `error`, or `Aborted` if none) and everything queued,
+    /// and tells the peers (`notice`: the rank at the root of the failure and what happened).
+    /// Links are cancelled, not closed: no transport touches operation memory any more, yet a
+    /// notice still reaches peers, and they are not led to blame this rank for a failure it
+    /// only saw. Connections close when the communicator is dropped.
+    fn fail(&mut self, error: Option<Error>, why: String, notice: Option<(Rank, String)>) {
+        if self.broken.is_some() {
+            return;
+        }
+        self.broken = Some(why.clone());
+        for link in self.links.iter_mut().flatten() {
+            link.cancel();
+        }
+        if let Some((origin, text)) = notice {
+            let mut msg = vec![NOTICE_FAILED];
+            msg.extend((origin as u32).to_le_bytes());
+            msg.extend(format!("rank {}: {text}", self.rank).as_bytes());
+            msg.truncate(4096);
+            let mut sink = Vec::new();
+            let mut pending: Vec<usize> = Vec::new();
+            for (peer, link) in self.links.iter_mut().enumerate() {
+                if let Some(link) = link
+                    && link.post_control(&msg).is_ok()
+                {
+                    pending.push(peer);
+                }
+            }
+            // Give the notices a moment to leave (best effort: a peer that is gone or not
+            // reading cannot hold us up).
+            let until = Instant::now() + NOTICE_FLUSH;
+            while Instant::now() < until {
+                for &peer in &pending {
+                    if let Some(link) = self.links[peer].as_mut() {
+                        sink.clear();
+                        let _ = link.poll(&mut sink);
+                    }
+                }
+                std::thread::yield_now();
+            }
+        }
+        if let Some(r) = self.running.take() {
+            let e = error.unwrap_or_else(|| Error::Aborted {
+                rank: self.rank,
+                op: r.op.name.clone(),
+                why: why.clone(),
+            });
+            tracing::debug!(rank = self.rank, op = %r.op.name, after = ?r.started.elapsed(), "operation failed: {e}");
+            r.op.result.set(Err(e));
+        }
+        for op in self.queue.drain(..) {
+            op.result.set(Err(Error::Aborted {
+                rank: self.rank,
+                op: op.name.clone(),
+                why: why.clone(),
+            }));
+        }
+    }
+
+    /// Fails everything and closes every connection (the communicator is being dropped).
+    pub fn shutdown(&mut self, why: &str) {
+        self.fail(None, why.into(), None);
+        for link in self.links.iter_mut().flatten() {
+            link.close();
+        }
+        for l in self.links.iter_mut() {
+            *l = None;
+        }
+    }
+}
+
+/// `dst = a ⊕ b` over raw memory, where each of `a` and `b` is either exactly `dst` or disjoint
+/// from it (and from each other unless equal).
+///
+/// # Safety
+///
+/// Every pointer must be valid for its region's length, with the aliasing just described.
+#[allow(clippy::too_many_arguments)]
+unsafe fn combine(
+    d: *mut u8,
+    a: *mut u8,
+    b: *mut u8,
+    dst: Region,
+    ra: Region,
+    rb: Region,
+    dtype: DataType,
+    op: crate::types::ReduceOp,
+) -> Result<()> {
+    let len = dst.len;
+    if ra.len != len || rb.len != len {
+        return Err(Error::InvalidArgument(format!(
+            "reduce operands differ in length ({len}, {}, {})",
+            ra.len, rb.len
+        )));
+    }
+    // SAFETY: the caller guarantees validity; the three branches make sure no mutable slice
+    // overlaps another slice.
+    unsafe {
+        if std::ptr::eq(d, a) {
+            cpu::reduce_bytes(
+                std::slice::from_raw_parts_mut(d, len),
+                std::slice::from_raw_parts(b, len),
+                dtype,
+                op,
+            )
+        } else if std::ptr::eq(d, b) {
+            cpu::reduce_bytes(
+                std::slice::from_raw_parts_mut(d, len),
+                std::slice::from_raw_parts(a, len),
+                dtype,
+                op,
+            )
+        } else {
+            cpu::reduce_into_bytes(
+                std::slice::from_raw_parts_mut(d, len),
+                std::slice::from_raw_parts(a, len),
+                std::slice::from_raw_parts(b, len),
+                dtype,
+                op,
+            )
+        }
+    }
+}

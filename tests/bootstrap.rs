@@ -1,0 +1,896 @@
+//! The bootstrap: stores (in process and over TCP) from many threads, deadlines that fail with
+//! the key's name instead of hanging, strangers turned away by the store server while a real
+//! client carries on, unique ids, and rendezvous from every launcher's environment.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use oxccl::Error;
+use oxccl::bootstrap::{
+    MemStore, PrefixStore, Rendezvous, Secret, ServerLimits, Store, StoreServer, TcpStore, UniqueId,
+};
+use oxccl_transport::auth;
+
+const SHORT: Duration = Duration::from_millis(150);
+const LONG: Duration = Duration::from_secs(10);
+
+fn soon() -> Instant {
+    Instant::now() + LONG
+}
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn tcp_pair() -> (StoreServer, Arc<TcpStore>, Secret) {
+    let secret = Secret::random().unwrap();
+    let server = StoreServer::bind(localhost(), secret.clone()).unwrap();
+    let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
+    (server, Arc::new(client), secret)
+}
+
+/// Every log line of this test binary, so tests can check what the server reported.
+fn logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf: &'static Mutex<Vec<u8>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        struct W(&'static Mutex<Vec<u8>>);
+        impl Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || W(buf))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        buf
+    })
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&logs().lock().unwrap()).into_owned()
+}
+
+/// Several threads set their own key, bump a shared counter and wait for everyone's key.
+fn exercise_from_threads(stores: Vec<Arc<dyn Store>>) {
+    let n = stores.len();
+    let handles: Vec<_> = stores
+        .into_iter()
+        .enumerate()
+        .map(|(rank, store)| {
+            thread::spawn(move || {
+                // Count in before announcing the key, so that all keys set means all counted.
+                let after = store.add("arrived", 1).unwrap();
+                assert!((1..=n as i64).contains(&after));
+                store
+                    .set(
+                        &format!("rank/{rank}"),
+                        format!("hello from {rank}").as_bytes(),
+                    )
+                    .unwrap();
+                let keys: Vec<String> = (0..n).map(|r| format!("rank/{r}")).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                store.wait(&refs, soon()).unwrap();
+                assert!(store.check(&refs).unwrap());
+                for peer in 0..n {
+                    let v = store.get(&format!("rank/{peer}"), soon()).unwrap();
+                    assert_eq!(v, format!("hello from {peer}").as_bytes());
+                }
+                store.add("arrived", 0).unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), n as i64);
+    }
+}
+
+#[test]
+fn mem_store_serves_many_threads() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    exercise_from_threads(vec![store; 6]);
+}
+
+#[test]
+fn tcp_store_serves_many_threads_and_connections() {
+    let (server, shared, secret) = tcp_pair();
+    // Three threads share one client; three more have a connection each.
+    let mut stores: Vec<Arc<dyn Store>> = vec![shared.clone(), shared.clone(), shared];
+    for _ in 0..3 {
+        stores.push(Arc::new(
+            TcpStore::connect(server.local_addr(), &secret, soon()).unwrap(),
+        ));
+    }
+    exercise_from_threads(stores);
+}
+
+fn counters_and_values(store: &dyn Store) {
+    assert_eq!(store.add("c", 5).unwrap(), 5);
+    assert_eq!(store.add("c", -7).unwrap(), -2);
+    assert_eq!(
+        store.get("c", soon()).unwrap(),
+        b"-2",
+        "counters are decimal text"
+    );
+    store.set("text", b"not a number").unwrap();
+    let err = store.add("text", 1).unwrap_err().to_string();
+    assert!(err.contains("\"text\""), "{err}");
+    store.set("max", i64::MAX.to_string().as_bytes()).unwrap();
+    assert!(store.add("max", 1).is_err());
+    store.set("text", b"").unwrap();
+    assert_eq!(
+        store.get("text", Instant::now()).unwrap(),
+        b"",
+        "set replaces; a passed deadline still reads"
+    );
+    assert!(!store.check(&["text", "nope"]).unwrap());
+    let big = vec![7u8; 3 << 20];
+    store.set("big", &big).unwrap();
+    assert_eq!(store.get("big", soon()).unwrap(), big);
+}
+
+#[test]
+fn counters_and_values_behave_the_same_in_both_stores() {
+    counters_and_values(&MemStore::new());
+    let (_server, client, _) = tcp_pair();
+    counters_and_values(&*client);
+}
+
+fn missing_key_times_out(store: &dyn Store) {
+    let start = Instant::now();
+    let err = store.get("never-set", Instant::now() + SHORT).unwrap_err();
+    assert!(start.elapsed() >= SHORT && start.elapsed() < Duration::from_secs(3));
+    assert!(matches!(err, Error::Bootstrap(_)), "{err:?}");
+    assert!(err.to_string().contains("\"never-set\""), "{err}");
+
+    store.set("here", b"1").unwrap();
+    let err = store
+        .wait(&["here", "also-missing"], Instant::now() + SHORT)
+        .unwrap_err();
+    assert!(err.to_string().contains("\"also-missing\""), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn missing_keys_time_out_naming_the_key() {
+    missing_key_times_out(&MemStore::new());
+    let (_server, client, _) = tcp_pair();
+    missing_key_times_out(&*client);
+}
+
+fn get_waits_for_a_later_set(store: Arc<dyn Store>) {
+    let getter = {
+        let store = store.clone();
+        thread::spawn(move || store.get("late", soon()))
+    };
+    let waiter = {
+        let store = store.clone();
+        thread::spawn(move || store.wait(&["late", "later"], soon()))
+    };
+    thread::sleep(SHORT);
+    assert!(!getter.is_finished() && !waiter.is_finished());
+    store.set("late", b"worth it").unwrap();
+    assert_eq!(getter.join().unwrap().unwrap(), b"worth it");
+    thread::sleep(Duration::from_millis(50));
+    assert!(!waiter.is_finished());
+    store.set("later", b"").unwrap();
+    waiter.join().unwrap().unwrap();
+}
+
+#[test]
+fn get_issued_before_the_set_returns_when_it_arrives() {
+    get_waits_for_a_later_set(Arc::new(MemStore::new()));
+    // The TCP store shares one client between the parked get and the set: the set must not
+    // queue behind the get.
+    let (_server, client, _) = tcp_pair();
+    get_waits_for_a_later_set(client);
+}
+
+#[test]
+fn prefix_stores_are_isolated() {
+    let (_server, client, _) = tcp_pair();
+    for inner in [Arc::new(MemStore::new()) as Arc<dyn Store>, client] {
+        let a = PrefixStore::new(inner.clone(), "split-a".into());
+        let b = PrefixStore::new(inner.clone(), "split-b".into());
+        a.set("k", b"from a").unwrap();
+        b.set("k", b"from b").unwrap();
+        assert_eq!(a.get("k", soon()).unwrap(), b"from a");
+        assert_eq!(b.get("k", soon()).unwrap(), b"from b");
+        assert_eq!(inner.get("split-a/k", soon()).unwrap(), b"from a");
+        a.set("only-a", b"").unwrap();
+        assert!(a.check(&["only-a"]).unwrap());
+        assert!(!b.check(&["only-a"]).unwrap());
+        let err = b
+            .get("only-a", Instant::now() + SHORT)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("split-b/only-a"), "{err}");
+        assert_eq!(a.add("n", 2).unwrap(), 2);
+        assert_eq!(b.add("n", 1).unwrap(), 1);
+        a.wait(&["k", "only-a"], soon()).unwrap();
+        assert!(b.wait(&["only-a"], Instant::now() + SHORT).is_err());
+    }
+}
+
+/// Asserts that the server closes `s` promptly (EOF or reset), reading whatever it sent first.
+fn assert_closed_by_server(s: &mut TcpStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+            Err(e) => panic!(
+                "{what}: connection not closed after {:?}: {e}",
+                start.elapsed()
+            ),
+        }
+    }
+}
+
+fn still_works(client: &TcpStore, round: &str) {
+    client.set(round, round.as_bytes()).unwrap();
+    assert_eq!(client.get(round, soon()).unwrap(), round.as_bytes());
+}
+
+#[test]
+fn strangers_are_dropped_and_clients_carry_on() {
+    logs();
+    let secret = Secret::random().unwrap();
+    let limits = ServerLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..ServerLimits::default()
+    };
+    let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
+    let addr = server.local_addr();
+    let client = TcpStore::connect(addr, &secret, soon()).unwrap();
+    still_works(&client, "before");
+
+    // A client busy in a parked get all along.
+    let busy = {
+        let c = TcpStore::connect(addr, &secret, soon()).unwrap();
+        thread::spawn(move || c.get("the-end", soon()))
+    };
+
+    let mut peers = Vec::new();
+    let mut stranger = |what: &str, act: &dyn Fn(&mut TcpStream)| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        peers.push((what.to_owned(), s.local_addr().unwrap()));
+        act(&mut s);
+        assert_closed_by_server(&mut s, what);
+        still_works(&client, what);
+    };
+
+    stranger("garbage", &|s| {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap()
+    });
+    stranger("huge hello", &|s| {
+        let mut header = [0u8; auth::HELLO_HEADER];
+        header[..auth::MAGIC.len()].copy_from_slice(&auth::MAGIC);
+        header[auth::HELLO_HEADER - 2..].copy_from_slice(&u16::MAX.to_le_bytes());
+        s.write_all(&header).unwrap();
+    });
+    stranger("wrong secret", &|s| {
+        s.set_read_timeout(Some(LONG)).unwrap();
+        let other = Secret::random().unwrap();
+        let r = auth::client_handshake(s, &other, b"oxccl-store", b"");
+        assert!(
+            matches!(r, Err(oxccl_transport::TransportError::Auth(_))),
+            "{r:?}"
+        );
+        // Send a proof anyway: the server must check it and refuse.
+        s.write_all(&[0u8; auth::MAC_LEN]).unwrap();
+    });
+    stranger("wrong secret, then silence", &|s| {
+        s.set_read_timeout(Some(LONG)).unwrap();
+        let other = Secret::random().unwrap();
+        assert!(auth::client_handshake(s, &other, b"oxccl-store", b"").is_err());
+    });
+    stranger("silent", &|_| {});
+    stranger("half a hello", &|s| s.write_all(&auth::MAGIC).unwrap());
+    stranger("oversized frame", &|s| {
+        s.set_read_timeout(Some(LONG)).unwrap();
+        auth::client_handshake(s, &secret, b"oxccl-store", b"").unwrap();
+        s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    });
+    stranger("garbage request", &|s| {
+        s.set_read_timeout(Some(LONG)).unwrap();
+        auth::client_handshake(s, &secret, b"oxccl-store", b"").unwrap();
+        s.write_all(&[3, 0, 0, 0, 99, 1, 2]).unwrap();
+    });
+
+    assert!(!busy.is_finished());
+    client.set("the-end", b"done").unwrap();
+    assert_eq!(busy.join().unwrap().unwrap(), b"done");
+    still_works(&client, "after");
+
+    let logs = log_text();
+    for (what, peer) in peers {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains(&peer.to_string()) && l.contains("dropping connection")),
+            "no warning naming {what} stranger {peer} in:\n{logs}"
+        );
+    }
+}
+
+#[test]
+fn connections_over_the_limit_are_closed_at_once() {
+    let secret = Secret::random().unwrap();
+    let limits = ServerLimits {
+        handshake_timeout: LONG,
+        max_connections: 3,
+    };
+    let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
+    let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
+    let _idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+        .collect();
+    thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    let mut flood = TcpStream::connect(server.local_addr()).unwrap();
+    assert_closed_by_server(&mut flood, "connection over the limit");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    still_works(&client, "at the limit");
+}
+
+#[test]
+fn a_client_whose_server_is_dropped_gets_an_error_not_a_hang() {
+    let (server, client, _) = tcp_pair();
+    still_works(&client, "alive");
+    let parked = {
+        let c = client.clone();
+        thread::spawn(move || c.get("never", Instant::now() + Duration::from_secs(60)))
+    };
+    thread::sleep(SHORT);
+    let start = Instant::now();
+    drop(server);
+    let err = parked.join().unwrap().unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(err.to_string().contains("closed the connection"), "{err}");
+    let err = client.set("after", b"").unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3), "{err}");
+}
+
+#[test]
+fn connect_waits_for_a_late_server_and_gives_up_at_the_deadline() {
+    let secret = Secret::random().unwrap();
+    let addr = {
+        let l = TcpListener::bind(localhost()).unwrap();
+        l.local_addr().unwrap()
+    };
+    let connecting = {
+        let secret = secret.clone();
+        thread::spawn(move || TcpStore::connect(addr, &secret, soon()))
+    };
+    thread::sleep(Duration::from_millis(200));
+    let _server = StoreServer::bind(addr, secret.clone()).unwrap();
+    let client = connecting.join().unwrap().unwrap();
+    still_works(&client, "late server");
+
+    let nobody = {
+        let l = TcpListener::bind(localhost()).unwrap();
+        l.local_addr().unwrap()
+    };
+    let start = Instant::now();
+    let err = TcpStore::connect(nobody, &secret, Instant::now() + SHORT).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(err.to_string().contains(&nobody.to_string()), "{err}");
+
+    let err = TcpStore::connect(addr, &Secret::random().unwrap(), soon()).unwrap_err();
+    assert!(matches!(err, Error::Bootstrap(_)), "{err:?}");
+    assert!(err.to_string().contains("authentication"), "{err}");
+}
+
+#[test]
+fn unique_id_round_trips_and_reaches_its_store() {
+    let id = UniqueId::new().unwrap();
+    let back = UniqueId::from_bytes(id.as_bytes()).unwrap();
+    assert_eq!(back, id);
+    assert_eq!(back.store_addr(), id.store_addr());
+    assert_eq!(back.secret(), id.secret());
+    assert_ne!(id.store_addr().port(), 0);
+    let debug = format!("{id:?}");
+    assert!(!debug.contains(&id.secret().to_hex()[..16]), "{debug}");
+    assert!(debug.contains(&id.store_addr().to_string()), "{debug}");
+
+    let store = back.connect(soon()).unwrap();
+    still_works(&store, "unique id");
+    let other = UniqueId::new().unwrap();
+    assert_ne!(other, id);
+
+    let secret = Secret::random().unwrap();
+    for addr in ["[fd00::1%7]:29500", "[::1]:1", "10.1.2.3:65535"] {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let id = UniqueId::from_parts(addr, &secret);
+        let back = UniqueId::from_bytes(id.as_bytes()).unwrap();
+        assert_eq!(back.store_addr(), addr);
+        assert_eq!(back.secret(), secret);
+    }
+}
+
+#[test]
+fn unique_id_rejects_garbage() {
+    let good = *UniqueId::from_parts(
+        "127.0.0.1:5000".parse().unwrap(),
+        &Secret::random().unwrap(),
+    )
+    .as_bytes();
+    assert!(UniqueId::from_bytes(&[0u8; 128]).is_err());
+    assert!(UniqueId::from_bytes(&[0xa5u8; 128]).is_err());
+    for i in [0, 8, 9, 10, 12, 40, 100, 127] {
+        let mut bad = good;
+        bad[i] ^= 0x10;
+        assert!(
+            UniqueId::from_bytes(&bad).is_err(),
+            "flipped byte {i} accepted"
+        );
+    }
+    let port0 = UniqueId::from_parts("127.0.0.1:0".parse().unwrap(), &Secret::random().unwrap());
+    let err = UniqueId::from_bytes(port0.as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("port"), "{err}");
+}
+
+// ---- rendezvous from the environment ----
+
+fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+fn read(pairs: &[(&str, &str)]) -> Rendezvous {
+    Rendezvous::from_vars(vars(pairs))
+        .unwrap()
+        .expect("a launcher should be recognised")
+}
+
+fn fails(pairs: &[(&str, &str)], names: &[&str]) {
+    let err = Rendezvous::from_vars(vars(pairs)).unwrap_err();
+    assert!(matches!(err, Error::Bootstrap(_)), "{err:?}");
+    let text = err.to_string();
+    for name in names {
+        assert!(text.contains(name), "error should name {name}: {text}");
+    }
+}
+
+const TOKEN: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+#[test]
+fn rendezvous_from_oxrun() {
+    let r = read(&[
+        ("OXCCL_RANK", "2"),
+        ("OXCCL_WORLD_SIZE", "4"),
+        ("OXCCL_LOCAL_RANK", "2"),
+        ("OXCCL_LOCAL_WORLD_SIZE", "4"),
+        ("OXCCL_STORE", "127.0.0.1:4242"),
+        ("OXCCL_TOKEN", TOKEN),
+    ]);
+    assert_eq!(
+        (r.rank, r.world_size, r.local_rank, r.local_world_size),
+        (2, 4, Some(2), Some(4))
+    );
+    assert_eq!(
+        (r.store.as_str(), r.host_store, r.source),
+        ("127.0.0.1:4242", false, "oxccl")
+    );
+    assert_eq!(r.secret, Secret::from_hex(TOKEN).unwrap());
+    assert_eq!(r.store_addr().unwrap(), "127.0.0.1:4242".parse().unwrap());
+    assert!(!format!("{r:?}").contains(TOKEN));
+
+    let r = read(&[
+        ("OXCCL_RANK", "0"),
+        ("OXCCL_WORLD_SIZE", "1"),
+        ("OXCCL_STORE", "[::1]:7"),
+    ]);
+    assert_eq!(
+        (r.local_rank, r.store.as_str(), r.host_store),
+        (None, "[::1]:7", false)
+    );
+}
+
+#[test]
+fn rendezvous_from_torchrun() {
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_RUN_ID", "job-1"),
+    ];
+    let r = read(&base);
+    assert_eq!(
+        (r.rank, r.world_size, r.local_rank, r.local_world_size),
+        (0, 8, Some(0), Some(4))
+    );
+    assert_eq!(
+        (r.store.as_str(), r.host_store, r.source),
+        ("node0:29500", true, "torchrun")
+    );
+
+    let mut rank5 = base.to_vec();
+    rank5[0] = ("RANK", "5");
+    rank5[2] = ("LOCAL_RANK", "1");
+    let r5 = read(&rank5);
+    assert!(!r5.host_store, "only rank 0 hosts the store");
+    assert_eq!(
+        r5.secret, r.secret,
+        "ranks of one job derive the same secret"
+    );
+
+    let mut other_job = base.to_vec();
+    other_job[6] = ("TORCHELASTIC_RUN_ID", "job-2");
+    assert_ne!(
+        read(&other_job).secret,
+        r.secret,
+        "another job derives another secret"
+    );
+
+    let mut external = base.to_vec();
+    external.push(("OXCCL_STORE", "store-host:1234"));
+    let r = read(&external);
+    assert_eq!((r.store.as_str(), r.host_store), ("store-host:1234", false));
+
+    let v6 = read(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "fd00::2"),
+        ("MASTER_PORT", "80"),
+    ]);
+    assert_eq!(v6.store, "[fd00::2]:80");
+}
+
+#[test]
+fn rendezvous_from_slurm_openmpi_and_pmi() {
+    let r = read(&[
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_JOB_ID", "77"),
+        ("OXCCL_STORE", "10.0.0.1:5000"),
+    ]);
+    assert_eq!(
+        (r.rank, r.world_size, r.local_rank, r.source),
+        (3, 4, Some(1), "slurm")
+    );
+    assert_eq!((r.store.as_str(), r.host_store), ("10.0.0.1:5000", false));
+
+    let r = read(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "4"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "5000"),
+    ]);
+    assert_eq!((r.store.as_str(), r.host_store), ("10.0.0.1:5000", true));
+
+    let r = read(&[
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ("OXCCL_STORE", "h:1"),
+        ("OXCCL_TOKEN", TOKEN),
+    ]);
+    assert_eq!(
+        (r.rank, r.world_size, r.local_rank, r.local_world_size),
+        (1, 2, Some(1), Some(2))
+    );
+    assert_eq!((r.source, r.secret.to_hex().as_str()), ("openmpi", TOKEN));
+
+    let r = read(&[
+        ("PMI_RANK", "0"),
+        ("PMI_SIZE", "3"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "9"),
+    ]);
+    assert_eq!(
+        (r.rank, r.world_size, r.local_rank, r.source, r.host_store),
+        (0, 3, None, "pmi", true)
+    );
+}
+
+#[test]
+fn rendezvous_precedence() {
+    let all = [
+        ("OXCCL_RANK", "1"),
+        ("OXCCL_WORLD_SIZE", "2"),
+        ("OXCCL_STORE", "127.0.0.1:1"),
+        ("RANK", "3"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "m"),
+        ("MASTER_PORT", "2"),
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "6"),
+        ("OMPI_COMM_WORLD_RANK", "7"),
+        ("OMPI_COMM_WORLD_SIZE", "8"),
+        ("PMI_RANK", "9"),
+        ("PMI_SIZE", "10"),
+    ];
+    // Each launcher wins over those below it; removing its variables exposes the next one.
+    let mut env = all.to_vec();
+    for (source, rank, owned) in [
+        ("oxccl", 1, ["OXCCL_RANK", "OXCCL_WORLD_SIZE"]),
+        ("torchrun", 3, ["RANK", "WORLD_SIZE"]),
+        ("slurm", 5, ["SLURM_PROCID", "SLURM_NTASKS"]),
+        (
+            "openmpi",
+            7,
+            ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"],
+        ),
+        ("pmi", 9, ["PMI_RANK", "PMI_SIZE"]),
+    ] {
+        let r = read(&env);
+        assert_eq!((r.source, r.rank), (source, rank), "with {env:?}");
+        env.retain(|(k, _)| !owned.contains(k));
+    }
+    assert!(Rendezvous::from_vars(vars(&[])).unwrap().is_none());
+    assert!(
+        Rendezvous::from_vars(vars(&[("MASTER_ADDR", "x"), ("LOCAL_RANK", "0")]))
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Rendezvous::from_vars(vars(&[("RANK", "")]))
+            .unwrap()
+            .is_none(),
+        "empty counts as unset"
+    );
+}
+
+#[test]
+fn rendezvous_errors_name_the_variable() {
+    let store = ("OXCCL_STORE", "h:1");
+    fails(
+        &[("OXCCL_RANK", "0"), ("OXCCL_WORLD_SIZE", "2")],
+        &["OXCCL_STORE"],
+    );
+    fails(&[("OXCCL_WORLD_SIZE", "2"), store], &["OXCCL_RANK"]);
+    fails(&[("OXCCL_RANK", "0"), store], &["OXCCL_WORLD_SIZE"]);
+    fails(
+        &[("OXCCL_RANK", "x"), ("OXCCL_WORLD_SIZE", "2"), store],
+        &["OXCCL_RANK", "\"x\""],
+    );
+    fails(
+        &[("OXCCL_RANK", "-1"), ("OXCCL_WORLD_SIZE", "2"), store],
+        &["OXCCL_RANK"],
+    );
+    fails(
+        &[("OXCCL_RANK", "2"), ("OXCCL_WORLD_SIZE", "2"), store],
+        &["OXCCL_RANK", "OXCCL_WORLD_SIZE"],
+    );
+    fails(
+        &[("OXCCL_RANK", "0"), ("OXCCL_WORLD_SIZE", "0"), store],
+        &["OXCCL_WORLD_SIZE"],
+    );
+    fails(
+        &[
+            ("OXCCL_RANK", "0"),
+            ("OXCCL_WORLD_SIZE", "2"),
+            ("OXCCL_LOCAL_RANK", "x"),
+            store,
+        ],
+        &["OXCCL_LOCAL_RANK"],
+    );
+    fails(
+        &[
+            ("OXCCL_RANK", "0"),
+            ("OXCCL_WORLD_SIZE", "2"),
+            ("OXCCL_LOCAL_RANK", "2"),
+            ("OXCCL_LOCAL_WORLD_SIZE", "2"),
+            store,
+        ],
+        &["OXCCL_LOCAL_RANK", "OXCCL_LOCAL_WORLD_SIZE"],
+    );
+    fails(
+        &[
+            ("OXCCL_RANK", "0"),
+            ("OXCCL_WORLD_SIZE", "2"),
+            ("OXCCL_LOCAL_WORLD_SIZE", "3"),
+            store,
+        ],
+        &["OXCCL_LOCAL_WORLD_SIZE"],
+    );
+    for bad_store in ["nohost", "h:", ":5", "h:0", "h:70000", "h:x", "::1::2:5"] {
+        fails(
+            &[
+                ("OXCCL_RANK", "0"),
+                ("OXCCL_WORLD_SIZE", "1"),
+                ("OXCCL_STORE", bad_store),
+            ],
+            &["OXCCL_STORE"],
+        );
+    }
+    fails(
+        &[
+            ("OXCCL_RANK", "0"),
+            ("OXCCL_WORLD_SIZE", "1"),
+            store,
+            ("OXCCL_TOKEN", "abc"),
+        ],
+        &["OXCCL_TOKEN"],
+    );
+    fails(
+        &[
+            ("OXCCL_RANK", "0"),
+            ("OXCCL_WORLD_SIZE", "1"),
+            store,
+            ("OXCCL_TOKEN", &"zz".repeat(32)),
+        ],
+        &["OXCCL_TOKEN"],
+    );
+
+    fails(
+        &[("RANK", "0"), ("WORLD_SIZE", "2")],
+        &["MASTER_ADDR", "OXCCL_STORE"],
+    );
+    fails(
+        &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "m")],
+        &["MASTER_PORT"],
+    );
+    fails(
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "m"),
+            ("MASTER_PORT", "http"),
+        ],
+        &["MASTER_PORT"],
+    );
+    fails(&[("RANK", "0"), store], &["WORLD_SIZE"]);
+    fails(
+        &[("RANK", "4"), ("WORLD_SIZE", "4"), store],
+        &["RANK=4", "WORLD_SIZE=4"],
+    );
+    fails(
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "?"),
+            store,
+        ],
+        &["LOCAL_RANK"],
+    );
+    fails(
+        &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+        &["slurm", "OXCCL_STORE", "MASTER_ADDR"],
+    );
+    fails(
+        &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "two"), store],
+        &["SLURM_NTASKS"],
+    );
+    fails(
+        &[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "x"),
+            store,
+        ],
+        &["SLURM_LOCALID"],
+    );
+    fails(
+        &[("OMPI_COMM_WORLD_RANK", "0"), store],
+        &["OMPI_COMM_WORLD_SIZE"],
+    );
+    fails(
+        &[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            store,
+        ],
+        &["OMPI_COMM_WORLD_RANK"],
+    );
+    fails(
+        &[("PMI_RANK", "0"), ("PMI_SIZE", "1")],
+        &["pmi", "OXCCL_STORE"],
+    );
+    fails(
+        &[("PMI_RANK", "0"), ("PMI_SIZE", "1.5"), store],
+        &["PMI_SIZE"],
+    );
+}
+
+#[test]
+fn rendezvous_opens_the_store_it_hosts() {
+    let port = {
+        let l = TcpListener::bind(localhost()).unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let port = port.to_string();
+    let env = |rank: &'static str| {
+        read(&[
+            ("RANK", rank),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port),
+            ("OXCCL_TOKEN", TOKEN),
+        ])
+    };
+    let r1 = env("1");
+    let joiner = thread::spawn(move || {
+        let (store, server) = r1.open_store(soon()).unwrap();
+        assert!(server.is_none());
+        store.get("hello", soon()).unwrap()
+    });
+    let (store, server) = env("0").open_store(soon()).unwrap();
+    assert!(server.is_some());
+    store.set("hello", b"rank 0 here").unwrap();
+    assert_eq!(joiner.join().unwrap(), b"rank 0 here");
+}
+
+#[test]
+fn ranks_that_set_get_and_leave_never_strand_a_waiter() {
+    // Each round, ranks set their key, read everyone's, and disconnect; a rank's last set can
+    // reach the server together with its disconnect, and must still wake the others at once.
+    for round in 0..100 {
+        let (_server, client, secret) = tcp_pair();
+        let start = Instant::now();
+        let ranks: Vec<_> = (0..4)
+            .map(|r| {
+                let c = TcpStore::connect(client.addr(), &secret, soon()).unwrap();
+                thread::spawn(move || {
+                    c.set(&format!("k{r}"), b"v").unwrap();
+                    for p in 0..4 {
+                        c.get(&format!("k{p}"), soon()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in ranks {
+            h.join().unwrap();
+        }
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(3), "round {round} took {took:?}");
+    }
+}
+
+#[test]
+fn a_set_sent_just_before_hanging_up_wakes_waiters() {
+    let (server, client, secret) = tcp_pair();
+    let getter = {
+        let c = client.clone();
+        thread::spawn(move || c.get("parting-gift", soon()))
+    };
+    thread::sleep(SHORT);
+    let mut raw = TcpStream::connect(server.local_addr()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    auth::client_handshake(&mut raw, &secret, b"oxccl-store", b"").unwrap();
+    let key = b"parting-gift";
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&((1 + 4 + key.len() + 2) as u32).to_le_bytes());
+    frame.push(1); // SET
+    frame.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    frame.extend_from_slice(key);
+    frame.extend_from_slice(b"ok");
+    let start = Instant::now();
+    raw.write_all(&frame).unwrap();
+    drop(raw);
+    assert_eq!(getter.join().unwrap().unwrap(), b"ok");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+}

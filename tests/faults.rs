@@ -1,0 +1,370 @@
+//! Faults: mismatched calls, a rank that never calls, abort, strangers at the store and the data
+//! ports, and a rank process killed during a large all-reduce. Each must end in a clear error on
+//! the ranks involved — promptly, not at the deadline — and never in a hang.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use oxccl::bootstrap::{Secret, Store, StoreServer, UniqueId};
+use oxccl::config::TransportFilter;
+use oxccl::{Communicator, Config, Error, ReduceOp};
+
+fn tcp(n: usize, timeout: Duration) -> Vec<Communicator> {
+    let config = Config::default()
+        .transports(TransportFilter::only(&["tcp"]))
+        .timeout(timeout);
+    Communicator::init_local(n, config).expect("init over TCP")
+}
+
+/// Runs `f(comm)` on every rank's thread and returns (result, seconds taken) per rank.
+fn on_each<T: Send>(
+    comms: &[Communicator],
+    f: impl Fn(&Communicator) -> T + Sync,
+) -> Vec<(T, Duration)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let r = f(c);
+                    (r, t.elapsed())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+#[test]
+fn mismatched_collectives_fail_fast_on_both_ranks() {
+    // Different collectives, different counts, different types of the same width.
+    type Call = fn(&Communicator) -> oxccl::Result<()>;
+    let cases: [(Call, Call, &str); 3] = [
+        (
+            |c| c.all_reduce_in_place(&mut [1.0f32; 100], ReduceOp::Sum),
+            |c| c.broadcast_in_place(&mut [1.0f32; 100], 0),
+            "broadcast",
+        ),
+        (
+            |c| c.all_reduce_in_place(&mut [1.0f32; 100], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1.0f32; 101], ReduceOp::Sum),
+            "101",
+        ),
+        (
+            |c| c.all_reduce_in_place(&mut [1.0f32; 100], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1i32; 100], ReduceOp::Sum),
+            "int32",
+        ),
+    ];
+    for (a, b, what) in cases {
+        let comms = tcp(2, Duration::from_secs(30));
+        let results = on_each(&comms, |c| if c.rank() == 0 { a(c) } else { b(c) });
+        for (r, (res, took)) in results.iter().enumerate() {
+            match res {
+                Err(
+                    e @ Error::Mismatch {
+                        rank,
+                        peer,
+                        ours,
+                        theirs,
+                        ..
+                    },
+                ) => {
+                    assert_eq!((*rank, *peer), (r, 1 - r), "{e}");
+                    assert!(ours.contains(what) || theirs.contains(what), "{e}");
+                    assert!(
+                        e.to_string().contains("#0"),
+                        "names the sequence number: {e}"
+                    );
+                }
+                other => panic!("rank {r}: expected a mismatch ({what}), got {other:?}"),
+            }
+            assert!(
+                *took < Duration::from_secs(1),
+                "rank {r} took {took:?} to notice"
+            );
+        }
+        // The communicator is unusable afterwards, and says why.
+        let again = comms[0].barrier().unwrap_err();
+        assert!(matches!(again, Error::Aborted { .. }), "{again}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_calls_times_out_the_others() {
+    let deadline = Duration::from_millis(800);
+    let comms = tcp(3, deadline);
+    let results = on_each(&comms, |c| {
+        if c.rank() == 2 {
+            std::thread::sleep(Duration::from_secs(3));
+            return Ok(());
+        }
+        let mut buf = vec![1.0f32; 1000];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+    });
+    for (r, (res, took)) in results.iter().take(2).enumerate() {
+        match res {
+            Err(
+                e @ Error::Timeout {
+                    rank, op, after, ..
+                },
+            ) => {
+                assert_eq!(*rank, r);
+                assert_eq!(op, "all_reduce #0", "{e}");
+                assert_eq!(*after, deadline);
+            }
+            // A rank whose neighbour timed out first may learn of it from that neighbour.
+            Err(Error::PeerFailed { rank, .. }) => assert_eq!(*rank, r),
+            other => panic!("rank {r}: expected a timeout, got {other:?}"),
+        }
+        assert!(
+            *took >= deadline.mul_f32(0.9),
+            "rank {r} gave up early: {took:?}"
+        );
+        assert!(
+            *took < deadline + Duration::from_secs(2),
+            "rank {r} took {took:?}"
+        );
+    }
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_waiting_call() {
+    let comms = tcp(2, Duration::from_secs(60));
+    let (c0, c1) = (&comms[0], &comms[1]);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let t = Instant::now();
+            let r = c0.all_reduce_in_place(&mut [1u8; 64], ReduceOp::Sum);
+            (r, t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        c0.abort();
+        let (r, took) = waiter.join().expect("waiter");
+        assert!(matches!(r, Err(Error::Aborted { rank: 0, .. })), "{r:?}");
+        assert!(took < Duration::from_secs(2), "abort took {took:?}");
+    });
+    // Rank 1, joining the same all-reduce, learns that rank 0 gave up.
+    let e = c1
+        .all_reduce_in_place(&mut [1u8; 64], ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::PeerFailed {
+                rank: 1,
+                peer: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// Opens a connection that sends `bytes` and then waits for the server to close it.
+fn stranger(addr: SocketAddr, bytes: &[u8]) -> std::thread::JoinHandle<bool> {
+    let bytes = bytes.to_vec();
+    std::thread::spawn(move || {
+        let Ok(mut s) = TcpStream::connect(addr) else {
+            return true;
+        };
+        let _ = s.write_all(&bytes);
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let mut sink = Vec::new();
+        // Closed by the server (EOF or reset) = rejected; anything but a timeout.
+        match s.read_to_end(&mut sink) {
+            Ok(_) => true,
+            Err(e) => {
+                e.kind() != std::io::ErrorKind::WouldBlock
+                    && e.kind() != std::io::ErrorKind::TimedOut
+            }
+        }
+    })
+}
+
+/// A stranger that speaks the protocol but does not know the secret.
+fn wrong_secret(addr: SocketAddr, context: &'static [u8]) -> std::thread::JoinHandle<bool> {
+    std::thread::spawn(move || {
+        let Ok(mut s) = TcpStream::connect(addr) else {
+            return true;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let other = Secret::random().expect("random");
+        oxccl_transport::auth::client_handshake(&mut s, &other, context, &0u32.to_le_bytes())
+            .is_err()
+    })
+}
+
+fn oversized_hello() -> Vec<u8> {
+    let mut h = oxccl_transport::auth::MAGIC.to_vec();
+    h.extend([7u8; oxccl_transport::auth::NONCE_LEN]);
+    h.extend(u16::MAX.to_le_bytes());
+    h
+}
+
+#[test]
+fn strangers_are_turned_away_and_the_job_still_runs() {
+    let id = UniqueId::new().expect("unique id");
+    let config = Config::default()
+        .transports(TransportFilter::only(&["tcp"]))
+        .timeout(Duration::from_secs(30));
+    let join = |rank: usize| {
+        let (id, config) = (id.clone(), config.clone());
+        std::thread::spawn(move || Communicator::init_rank(&id, 3, rank, config))
+    };
+    let early: Vec<_> = (0..2).map(join).collect();
+
+    // Rank 0's data endpoint, as the job published it.
+    let store = id
+        .connect(Instant::now() + Duration::from_secs(10))
+        .expect("store");
+    let info = store
+        .get("world/peer/0", Instant::now() + Duration::from_secs(10))
+        .expect("rank 0 published");
+    let info = oxccl_transport::PeerInfo::decode(&info).expect("peer info");
+    let data = oxccl_transport_tcp::decode_endpoint(info.endpoint("tcp").expect("tcp endpoint"))
+        .expect("address");
+
+    let mut strangers = Vec::new();
+    for addr in [id.store_addr(), data] {
+        strangers.push(stranger(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        strangers.push(stranger(addr, &oversized_hello()));
+        strangers.push(stranger(addr, &[0xff; 4096]));
+    }
+    strangers.push(wrong_secret(id.store_addr(), b"oxccl-store"));
+    strangers.push(wrong_secret(data, b"oxccl-tcpworld"));
+    std::thread::sleep(Duration::from_millis(200));
+
+    let last = join(2);
+    let comms: Vec<Communicator> = early
+        .into_iter()
+        .chain([last])
+        .map(|h| {
+            h.join()
+                .expect("init thread")
+                .expect("init despite strangers")
+        })
+        .collect();
+    for (i, s) in strangers.into_iter().enumerate() {
+        assert!(
+            s.join().expect("stranger thread"),
+            "stranger {i} was not turned away"
+        );
+    }
+    let results = on_each(&comms, |c| {
+        let mut buf = vec![c.rank() as f64 + 1.0; 10_000];
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum).map(|()| buf)
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        let buf = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(buf.iter().all(|&v| v == 6.0), "rank {r} got a wrong sum");
+    }
+}
+
+/// The example `name`, next to this test's binary (built if missing).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("examples").join(name);
+    if !path.exists() {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", "oxccl", "--example", name])
+            .status()
+            .expect("cargo")
+            .success();
+        assert!(ok, "building example {name} failed");
+    }
+    path
+}
+
+struct Rank {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+fn launch(n: usize, args: &[&str]) -> (StoreServer, Vec<Rank>) {
+    let secret = Secret::random().expect("random");
+    let server =
+        StoreServer::bind("127.0.0.1:0".parse().expect("addr"), secret.clone()).expect("store");
+    let worker = example("fault_worker");
+    let ranks = (0..n)
+        .map(|r| {
+            let mut child = Command::new(&worker)
+                .args(args)
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", n.to_string())
+                .env("OXCCL_STORE", server.local_addr().to_string())
+                .env("OXCCL_TOKEN", secret.to_hex())
+                .env("OXCCL_TIMEOUT", "60")
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn worker");
+            let out = child.stdout.take().expect("stdout");
+            let (tx, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+            Rank { child, lines }
+        })
+        .collect();
+    (server, ranks)
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_promptly() {
+    // 8 Mi floats per all-reduce: each takes long enough that the kill lands mid-collective.
+    let (_store, mut ranks) = launch(3, &["8388608", "100000"]);
+    for (r, rank) in ranks.iter().enumerate() {
+        let first = rank
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("worker started");
+        assert_eq!(first, "ready", "rank {r}");
+        let second = rank
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("worker iterates");
+        assert!(second.starts_with("iter"), "rank {r}: {second}");
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let killed = Instant::now();
+    ranks[1].child.kill().expect("kill rank 1");
+    for (r, rank) in ranks.iter_mut().enumerate().filter(|(r, _)| *r != 1) {
+        let error = loop {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("rank {r} did not notice rank 1's death"));
+            if line.starts_with("error") {
+                break line;
+            }
+        };
+        let noticed = killed.elapsed();
+        assert!(
+            error.contains("PeerFailed") && error.contains("peer: 1"),
+            "rank {r}: {error}"
+        );
+        assert!(
+            noticed < Duration::from_secs(2),
+            "rank {r} noticed after {noticed:?}: {error}"
+        );
+        let status = rank.child.wait().expect("wait");
+        assert_eq!(status.code(), Some(2), "rank {r}");
+    }
+    let _ = ranks[1].child.wait();
+}

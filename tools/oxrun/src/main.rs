@@ -1,0 +1,278 @@
+//! oxrun: starts N local ranks of a program, like `mpirun -np N` or `torchrun
+//! --nproc-per-node N`. It hosts the job's store, gives each rank its `OXCCL_*` variables,
+//! prefixes every output line with the rank, and tears the whole job down when any rank fails,
+//! the job times out, or oxrun itself is interrupted. It must never leave a rank running after
+//! it exits.
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use oxccl::bootstrap::{Secret, StoreServer};
+use rustix::process::{Pid, Signal};
+
+mod output;
+mod signals;
+
+use output::{Forwarders, Target};
+use signals::Signals;
+
+/// How long ranks get to exit after SIGTERM before they are killed.
+const GRACE: Duration = Duration::from_secs(2);
+/// How long oxrun waits for the last output lines once every rank has exited.
+const DRAIN: Duration = Duration::from_secs(2);
+/// Exit status when the job ran past `--timeout` (as timeout(1)).
+const TIMED_OUT: u8 = 124;
+/// Exit status when the program cannot be started (as a shell's "command not found").
+const NOT_STARTED: u8 = 127;
+
+/// Starts N local ranks of an oxccl program.
+///
+/// Each rank gets OXCCL_RANK, OXCCL_WORLD_SIZE, OXCCL_LOCAL_RANK, OXCCL_LOCAL_WORLD_SIZE,
+/// OXCCL_STORE (the store oxrun hosts) and OXCCL_TOKEN (the job secret). Output lines are
+/// prefixed with `[rank] `. When a rank fails, the others are stopped (SIGTERM, then SIGKILL
+/// after 2 s) and oxrun exits with the failed rank's status (128 + signal for a signal).
+#[derive(Debug, Parser)]
+#[command(name = "oxrun", version)]
+struct Args {
+    /// Number of ranks to start.
+    #[arg(short = 'n', long = "nranks", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    nranks: u32,
+
+    /// Stop every rank and fail (status 124) if the job runs longer than this.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    timeout: Option<Duration>,
+
+    /// The program to run, and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    command: Vec<OsString>,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("{s:?} is not a positive number of seconds"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// One started rank.
+struct Rank {
+    rank: usize,
+    child: Child,
+    /// Its pid, which is also its process group id.
+    pid: Pid,
+    status: Option<ExitStatus>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => ExitCode::from(code),
+        Err(msg) => {
+            eprintln!("oxrun: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<u8, String> {
+    let signals = Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let secret = Secret::random().map_err(|e| format!("cannot make a job secret: {e}"))?;
+    let server = StoreServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), secret.clone())
+        .map_err(|e| format!("cannot start the job's store: {e}"))?;
+    let deadline = args.timeout.map(|t| Instant::now() + t);
+    let forwarders = Forwarders::default();
+    let n = args.nranks as usize;
+
+    let mut ranks = Vec::with_capacity(n);
+    for rank in 0..n {
+        match start(args, rank, server.local_addr(), &secret, &forwarders) {
+            Ok(r) => ranks.push(r),
+            Err(msg) => {
+                eprintln!("oxrun: {msg}");
+                terminate(&mut ranks, &signals);
+                return Ok(NOT_STARTED);
+            }
+        }
+    }
+
+    let code = loop {
+        if let Some((rank, status)) = reap(&mut ranks).into_iter().find(|(_, s)| !s.success()) {
+            let running = ranks.iter().filter(|r| r.status.is_none()).count();
+            eprintln!(
+                "oxrun: rank {rank} {}; stopping the {running} other running ranks",
+                describe(status)
+            );
+            terminate(&mut ranks, &signals);
+            break failure_code(status);
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            break 0;
+        }
+        if let Some(sig) = signals.terminate_requested() {
+            eprintln!("oxrun: received {}; stopping all ranks", signals::name(sig));
+            terminate(&mut ranks, &signals);
+            break (128 + sig).clamp(0, 255) as u8;
+        }
+        let now = Instant::now();
+        if let Some(d) = deadline
+            && now >= d
+        {
+            eprintln!(
+                "oxrun: the job ran longer than --timeout {:?}; stopping all ranks",
+                args.timeout.unwrap_or_default()
+            );
+            terminate(&mut ranks, &signals);
+            break TIMED_OUT;
+        }
+        // SIGCHLD wakes this at once; the cap only guards against a lost wake-up.
+        let cap = Duration::from_secs(1);
+        signals.wait(Some(
+            deadline.map_or(cap, |d| d.saturating_duration_since(now).min(cap)),
+        ));
+    };
+    forwarders.wait(DRAIN);
+    drop(server);
+    Ok(code)
+}
+
+/// Starts one rank in its own process group, with its output piped to forwarders.
+fn start(
+    args: &Args,
+    rank: usize,
+    store: SocketAddr,
+    secret: &Secret,
+    forwarders: &Forwarders,
+) -> Result<Rank, String> {
+    let program = &args.command[0];
+    let n = args.nranks.to_string();
+    let mut cmd = Command::new(program);
+    cmd.args(&args.command[1..])
+        .env("OXCCL_RANK", rank.to_string())
+        .env("OXCCL_WORLD_SIZE", &n)
+        .env("OXCCL_LOCAL_RANK", rank.to_string())
+        .env("OXCCL_LOCAL_WORLD_SIZE", &n)
+        .env("OXCCL_STORE", store.to_string())
+        .env("OXCCL_TOKEN", secret.to_hex())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // Its own process group: a terminal's Ctrl-C reaches only oxrun, which stops the ranks in
+    // order, and a whole group (the rank and what it started) can be signalled at once.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe work is allowed. It makes two raw system calls through rustix (prctl
+    // and getppid) and builds an io::Error from an errno, which does not allocate; it takes no
+    // lock and touches no shared state.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            // PR_SET_PDEATHSIG fires when the thread that forked exits: ranks are started from
+            // the main thread, which lives as long as oxrun.
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            // oxrun may have died before the line above took effect.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::SRCH.raw_os_error(),
+                ));
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        format!(
+            "cannot start rank {rank} ({}): {e}",
+            program.to_string_lossy()
+        )
+    })?;
+    let pid = Pid::from_child(&child);
+    let forwarded = match (child.stdout.take(), child.stderr.take()) {
+        (Some(out), Some(err)) => forwarders
+            .spawn(rank, out, Target::Stdout)
+            .and_then(|()| forwarders.spawn(rank, err, Target::Stderr))
+            .map_err(|e| format!("cannot forward the output of rank {rank}: {e}")),
+        _ => Err(format!("rank {rank} has no output pipes")),
+    };
+    if let Err(msg) = forwarded {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        let _ = child.wait();
+        return Err(msg);
+    }
+    Ok(Rank {
+        rank,
+        child,
+        pid,
+        status: None,
+    })
+}
+
+/// Collects the status of every rank that has exited since the last call.
+fn reap(ranks: &mut [Rank]) -> Vec<(usize, ExitStatus)> {
+    let mut exited = Vec::new();
+    for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+        if let Ok(Some(status)) = r.child.try_wait() {
+            r.status = Some(status);
+            exited.push((r.rank, status));
+        }
+    }
+    exited
+}
+
+/// Stops every rank: SIGTERM to each rank's process group, SIGKILL to the groups still there
+/// after the grace period, then waits for every rank.
+fn terminate(ranks: &mut [Rank], signals: &Signals) {
+    let signal_all = |ranks: &[Rank], sig: Signal| {
+        for r in ranks {
+            // ESRCH: the group is gone already.
+            let _ = rustix::process::kill_process_group(r.pid, sig);
+        }
+    };
+    signal_all(ranks, Signal::TERM);
+    let grace = Instant::now() + GRACE;
+    loop {
+        reap(ranks);
+        let left = grace.saturating_duration_since(Instant::now());
+        if ranks.iter().all(|r| r.status.is_some()) || left.is_zero() {
+            break;
+        }
+        signals.wait(Some(left));
+    }
+    // Also reaches what the ranks started in their groups and left behind.
+    signal_all(ranks, Signal::KILL);
+    for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+        if let Ok(status) = r.child.wait() {
+            r.status = Some(status);
+        }
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig} ({})", signals::name(sig)),
+        _ => format!("ended with {status}"),
+    }
+}
+
+/// oxrun's exit status for a failed rank: its code, or 128 + the signal that killed it.
+fn failure_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    let code = match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    };
+    u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1)
+}

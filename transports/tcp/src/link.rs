@@ -1,0 +1,212 @@
+//! [`TcpLink`]: one authenticated, non-blocking TCP connection carrying framed messages; an
+//! [`Outbox`] writes, an [`Inbox`] reads, and this module ties them to the [`Link`] contract.
+//!
+//! It checks what callers post, makes a broken link stay broken (every later `poll` reports
+//! the same error), and names the peer in every error. It must not block or buffer payloads
+//! itself.
+
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+
+use oxccl_transport::{
+    Completion, Link, Rank, Readiness, RecvInto, Result, SendBuf, Token, TransportError,
+};
+use rustix::io::Errno;
+
+use crate::inbox::Inbox;
+use crate::outbox::Outbox;
+use crate::wire::MAX_CONTROL;
+
+/// Counters of one link's work, for benchmarks and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// `sendmsg` calls, including those that found the socket full.
+    pub write_calls: u64,
+    /// `read`/`readv` calls, including those that found nothing.
+    pub read_calls: u64,
+    /// Payload bytes the kernel read straight into receivers' memory.
+    pub bytes_direct: u64,
+    /// Payload bytes copied from the receive ring into receivers' memory.
+    pub bytes_copied: u64,
+    /// Payload bytes lent out of the receive ring.
+    pub bytes_lent: u64,
+}
+
+/// Why a link stopped working.
+#[derive(Clone, Debug)]
+pub(crate) enum Broken {
+    /// End of stream or a reset: the peer is gone.
+    Closed,
+    /// The peer broke the protocol.
+    Protocol(String),
+    /// The socket failed while doing this (`"send to"`, `"receive from"`).
+    Io(&'static str, Errno),
+}
+
+impl Broken {
+    /// The failure of a socket call: a closed peer if the error says so.
+    pub(crate) fn io(doing: &'static str, e: Errno) -> Broken {
+        match e {
+            Errno::CONNRESET | Errno::PIPE | Errno::CONNABORTED | Errno::TIMEDOUT => Broken::Closed,
+            _ => Broken::Io(doing, e),
+        }
+    }
+
+    fn error(&self, peer: Rank) -> TransportError {
+        match self {
+            Broken::Closed => TransportError::PeerClosed { peer },
+            Broken::Protocol(what) => TransportError::Protocol {
+                peer,
+                what: what.clone(),
+            },
+            Broken::Io(doing, e) => {
+                TransportError::io(format!("tcp: {doing} rank {peer}"), (*e).into())
+            }
+        }
+    }
+}
+
+/// One end of a TCP connection to a peer, with the guarantees of `oxccl-transport`'s crate
+/// docs. With no receive posted it buffers one full message (or 64 KiB of small ones); its
+/// receive ring holds two full messages, so one can stay lent while the next arrives.
+#[derive(Debug)]
+pub struct TcpLink {
+    peer: Rank,
+    sock: TcpStream,
+    max_message: usize,
+    outbox: Outbox,
+    inbox: Inbox,
+    broken: Option<Broken>,
+}
+
+impl TcpLink {
+    /// Wraps an authenticated connection to `peer`: sets `TCP_NODELAY`, non-blocking mode and,
+    /// if given, the socket buffer sizes, and maps the receive ring.
+    pub(crate) fn new(
+        peer: Rank,
+        sock: TcpStream,
+        max_message: usize,
+        socket_buffer: Option<usize>,
+    ) -> Result<TcpLink> {
+        let what = |w: &str| format!("tcp: {w} of the link to rank {peer}");
+        sock.set_nodelay(true)
+            .map_err(|e| TransportError::io(what("set TCP_NODELAY"), e))?;
+        sock.set_nonblocking(true)
+            .map_err(|e| TransportError::io(what("set non-blocking mode"), e))?;
+        if let Some(bytes) = socket_buffer {
+            rustix::net::sockopt::set_socket_send_buffer_size(&sock, bytes)
+                .and_then(|()| rustix::net::sockopt::set_socket_recv_buffer_size(&sock, bytes))
+                .map_err(|e| TransportError::io(what("set the socket buffer sizes"), e.into()))?;
+        }
+        let inbox = Inbox::new(max_message)
+            .map_err(|e| TransportError::io(what("map the receive ring"), e))?;
+        Ok(TcpLink {
+            peer,
+            sock,
+            max_message,
+            outbox: Outbox::new(),
+            inbox,
+            broken: None,
+        })
+    }
+
+    /// What this link has done so far.
+    pub fn stats(&self) -> LinkStats {
+        LinkStats {
+            write_calls: self.outbox.write_calls,
+            ..self.inbox.stats
+        }
+    }
+
+    /// Bytes in the receive ring.
+    pub fn ring_capacity(&self) -> usize {
+        self.inbox.capacity()
+    }
+
+    fn poll_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
+        if !self.outbox.is_empty() {
+            self.outbox
+                .flush(&self.sock, out)
+                .map_err(|e| Broken::io("send to", e))?;
+        }
+        self.inbox.progress(&self.sock, out)
+    }
+
+    fn too_long(&self, what: &str, len: usize, limit: usize) -> TransportError {
+        TransportError::Protocol {
+            peer: self.peer,
+            what: format!("{what} of {len} bytes exceeds the limit of {limit}"),
+        }
+    }
+}
+
+impl Link for TcpLink {
+    fn peer(&self) -> Rank {
+        self.peer
+    }
+
+    fn max_message(&self) -> usize {
+        self.max_message
+    }
+
+    unsafe fn post_send(&mut self, token: Token, buf: SendBuf) -> Result<()> {
+        if buf.len() > self.max_message {
+            return Err(self.too_long("send", buf.len(), self.max_message));
+        }
+        self.outbox.push_data(token, buf);
+        Ok(())
+    }
+
+    unsafe fn post_recv(&mut self, token: Token, into: RecvInto) -> Result<()> {
+        if into.len() > self.max_message {
+            return Err(self.too_long("receive", into.len(), self.max_message));
+        }
+        self.inbox.post(token, into);
+        Ok(())
+    }
+
+    fn post_control(&mut self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > MAX_CONTROL {
+            return Err(self.too_long("control message", bytes.len(), MAX_CONTROL));
+        }
+        if let Some(b) = &self.broken {
+            return Err(b.error(self.peer));
+        }
+        self.outbox.push_control(bytes);
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        if self.broken.is_none()
+            && let Err(b) = self.poll_inner(out)
+        {
+            self.broken = Some(b);
+        }
+        match &self.broken {
+            Some(b) => Err(b.error(self.peer)),
+            None => Ok(()),
+        }
+    }
+
+    fn release(&mut self, token: Token) {
+        self.inbox.release(token);
+    }
+
+    fn readiness(&self) -> Option<Readiness> {
+        Some(Readiness {
+            fd: self.sock.as_raw_fd(),
+            read: true,
+            write: self.outbox.blocked(),
+        })
+    }
+
+    fn cancel(&mut self) {
+        self.outbox.cancel();
+        self.inbox.cancel();
+    }
+
+    fn close(&mut self) {
+        // Errors mean the connection is already gone, which is what close wants.
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+}

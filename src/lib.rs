@@ -35,6 +35,9 @@ pub mod tune;
 pub mod types;
 pub mod work;
 
+/// This library's version (the crate version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub use comm::{Communicator, Group};
 pub use config::Config;
 pub use error::{Error, Result};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::exec::descriptor::Descriptor;
-use crate::exec::driver::{Message, OpResult, Operation, Work};
+use crate::exec::driver::{Message, OpName, OpResult, Operation, Work};
 use crate::types::{Element, Rank};
 
 use super::Communicator;
@@ -143,9 +143,8 @@ impl<'a> Group<'a> {
                 (peer, Descriptor::PointToPoint { seq, sends, recvs })
             })
             .collect();
-        let peers: Vec<String> = totals.iter().map(|t| t.0.to_string()).collect();
         st.engine.submit(Operation {
-            name: format!("point-to-point with rank(s) {}", peers.join(", ")),
+            name: OpName::PointToPoint(totals.iter().map(|t| t.0).collect()),
             work: Work::PointToPoint {
                 messages,
                 descriptors,

@@ -22,12 +22,13 @@ use std::time::Duration;
 
 pub use group::Group;
 
-use crate::algo::{self, Choice, Plan, Schedule};
+use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::descriptor::Descriptor;
-use crate::exec::driver::{Engine, Flags, OpResult, Operation, Work};
+use crate::exec::driver::{Engine, Flags, OpName, OpResult, Operation, Work};
+use crate::exec::progress::Compiled;
 use crate::topo::Topology;
 use crate::tune;
 use crate::types::Rank;
@@ -69,7 +70,7 @@ struct State {
     /// Number of splits so far (names the children's store namespaces).
     splits: u64,
     /// Recently used schedules: the same call is planned once.
-    cache: HashMap<(Plan, Choice), Arc<Schedule>>,
+    cache: HashMap<(Plan, Choice), Arc<Compiled>>,
 }
 
 const CACHE_ENTRIES: usize = 64;
@@ -212,6 +213,14 @@ impl Communicator {
         &self.inner.link_names
     }
 
+    /// What this communicator would run for `plan`: the algorithm and slicing the tuner
+    /// picks (or `OXCCL_ALGO` forces), and a line saying why.
+    pub fn explain(&self, plan: &Plan) -> (Choice, &'static str) {
+        let (mut choice, why) = tune::choose(plan, &self.inner.topo, &self.inner.config);
+        choice.slice_bytes = self.inner.slice_bytes;
+        (choice, why)
+    }
+
     /// Aborts the communicator from any thread: every running and later call fails with
     /// [`Error::Aborted`] and peers are told (their calls fail with [`Error::PeerFailed`]).
     /// Irreversible; the connections close when the communicator is dropped.
@@ -313,7 +322,7 @@ impl Inner {
                 if st.cache.len() >= CACHE_ENTRIES {
                     st.cache.clear();
                 }
-                let s = Arc::new(s);
+                let s = Arc::new(Compiled::new(s));
                 st.cache.insert(key, s.clone());
                 s
             }
@@ -322,7 +331,7 @@ impl Inner {
         st.collectives += 1;
         let descriptor = Descriptor::collective(seq, &plan, choice.algorithm, choice.slice_bytes);
         st.engine.submit(Operation {
-            name: format!("{} #{seq}", plan.collective),
+            name: OpName::Collective(plan.collective, seq),
             work: Work::Schedule {
                 schedule,
                 descriptor,

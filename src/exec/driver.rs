@@ -26,15 +26,15 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use oxccl_transport::{Completion, Link, RecvBuf, RecvInto, SendBuf, Token, TransportError};
 
 use super::descriptor::{self, Descriptor};
-use super::progress::{Action, Progress};
-use crate::algo::{Buffer, Op, Region, Schedule};
+use super::progress::{Action, Compiled, Progress};
+use crate::algo::{Buffer, Collective, Op, Region};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
 use crate::types::{DataType, Rank};
@@ -54,6 +54,9 @@ pub struct OpResult {
     done: AtomicBool,
     slot: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// Threads blocked in `wait_for`: a condition variable's notify is a system call even with
+    /// nobody waiting, and the common case (the caller drives its own operation) has nobody.
+    waiters: AtomicUsize,
 }
 
 impl OpResult {
@@ -69,7 +72,10 @@ impl OpResult {
         }
         *slot = Some(r);
         self.done.store(true, Ordering::Release);
-        self.cv.notify_all();
+        // Waiters register under the lock we hold, so none can slip in unseen.
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Takes the result once the operation is done.
@@ -83,10 +89,12 @@ impl OpResult {
     /// Blocks until the operation is done or `timeout` passes; returns whether it is done.
     pub fn wait_for(&self, timeout: Duration) -> bool {
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiters.fetch_add(1, Ordering::AcqRel);
         let (_slot, _) = self
             .cv
             .wait_timeout_while(slot, timeout, |_| !self.done.load(Ordering::Acquire))
             .unwrap_or_else(|p| p.into_inner());
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
         self.is_done()
     }
 }
@@ -138,8 +146,8 @@ pub enum Work {
     /// A collective: run `schedule` over the bound buffers, after exchanging `descriptor` with
     /// every peer the schedule talks to.
     Schedule {
-        /// This rank's schedule.
-        schedule: Arc<Schedule>,
+        /// This rank's schedule, indexed.
+        schedule: Arc<Compiled>,
         /// What this rank called.
         descriptor: Descriptor,
         /// Element type, for reductions.
@@ -168,10 +176,37 @@ pub struct Message {
     pub len: usize,
 }
 
+/// What an operation is called in errors: formatted only when needed.
+#[derive(Clone, Debug)]
+pub enum OpName {
+    /// Collective number `seq` of this communicator.
+    Collective(Collective, u64),
+    /// A group of point-to-point operations with these peers.
+    PointToPoint(Vec<Rank>),
+}
+
+impl std::fmt::Display for OpName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpName::Collective(c, seq) => write!(f, "{c} #{seq}"),
+            OpName::PointToPoint(peers) => {
+                f.write_str("point-to-point with rank(s) ")?;
+                for (i, p) in peers.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// An operation handed to the engine.
 pub struct Operation {
-    /// Name with sequence number, for errors (`"all_reduce #3"`).
-    pub name: String,
+    /// Its name with sequence number, for errors (`all_reduce #3`).
+    pub name: OpName,
     /// What to do.
     pub work: Work,
     /// Input memory (`Buffer::Input`).
@@ -212,9 +247,10 @@ struct Running {
     deadline: Instant,
     started: Instant,
     progress: Option<Progress>,
-    /// Descriptors: ours per peer (stable memory for zero-copy sends), theirs as received.
-    desc_out: Vec<(Rank, Box<[u8; descriptor::LEN]>)>,
-    desc_in: Vec<(Rank, Box<[u8; descriptor::LEN]>, bool)>,
+    /// Descriptors: ours per peer and theirs as received. The vectors are sized before any
+    /// is posted and never grow, so their elements' addresses stay put for zero-copy sends.
+    desc_out: Vec<(Rank, [u8; descriptor::LEN])>,
+    desc_in: Vec<(Rank, [u8; descriptor::LEN], bool)>,
     /// Completions still expected outside the schedule: descriptor sends and receives, and
     /// point-to-point messages.
     outstanding: usize,
@@ -278,7 +314,7 @@ impl Engine {
         if let Some(why) = &self.broken {
             let e = Error::Aborted {
                 rank: self.rank,
-                op: op.name.clone(),
+                op: op.name.to_string(),
                 why: why.clone(),
             };
             op.result.set(Err(e));
@@ -410,7 +446,7 @@ impl Engine {
                     .or_else(|| r.progress.as_ref().and_then(|p| p.waiting_for().next()));
                 let e = Error::Timeout {
                     rank: self.rank,
-                    op: r.op.name.clone(),
+                    op: r.op.name.to_string(),
                     peer,
                     after: self.timeout,
                 };
@@ -442,12 +478,12 @@ impl Engine {
                 descriptor,
                 ..
             } => {
-                let words = schedule.scratch_len().div_ceil(8);
+                let words = schedule.schedule().scratch_len().div_ceil(8);
                 if self.scratch.len() < words {
                     self.scratch.resize(words, 0);
                 }
                 running.progress = Some(Progress::new(schedule.clone()));
-                let peers = schedule.peers();
+                let peers = schedule.peers().to_vec();
                 let descs = vec![*descriptor; peers.len()];
                 (peers, descs)
             }
@@ -460,18 +496,23 @@ impl Engine {
             let e = Error::PeerFailed {
                 rank: self.rank,
                 peer,
-                op: running.op.name.clone(),
+                op: running.op.name.to_string(),
                 cause: why,
             };
             self.running = Some(running);
             self.fail_with(e);
             return;
         }
-        for (i, (&peer, d)) in peers.iter().zip(&descs).enumerate() {
-            running.desc_out.push((peer, Box::new(d.encode())));
-            running
-                .desc_in
-                .push((peer, Box::new([0u8; descriptor::LEN]), false));
+        running.desc_out = peers
+            .iter()
+            .zip(&descs)
+            .map(|(&p, d)| (p, d.encode()))
+            .collect();
+        running.desc_in = peers
+            .iter()
+            .map(|&p| (p, [0u8; descriptor::LEN], false))
+            .collect();
+        for (i, &peer) in peers.iter().enumerate() {
             let out_ptr = running.desc_out[i].1.as_ptr();
             let in_ptr = running.desc_in[i].1.as_mut_ptr();
             let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
@@ -481,8 +522,8 @@ impl Engine {
                 ))));
                 return;
             };
-            // SAFETY: the descriptor boxes live in `running` until the operation ends, and links
-            // are dropped before `running` is when the operation fails.
+            // SAFETY: the descriptor vectors live in `running`, unmoved and ungrown, until the
+            // operation ends; links are cancelled before `running` is dropped when it fails.
             let r = unsafe {
                 link.post_send(
                     token(serial, KIND_DESC_SEND, i),
@@ -747,7 +788,7 @@ impl Engine {
                         let e = Error::Mismatch {
                             rank,
                             peer,
-                            op: r.op.name.clone(),
+                            op: r.op.name.to_string(),
                             ours: ours.to_string(),
                             theirs: theirs.clone(),
                         };
@@ -796,7 +837,7 @@ impl Engine {
         let op = self
             .running
             .as_ref()
-            .map_or_else(|| "the next operation".into(), |r| r.op.name.clone());
+            .map_or_else(|| "the next operation".into(), |r| r.op.name.to_string());
         match bytes.first() {
             Some(&NOTICE_MISMATCH) => {
                 let ours = self
@@ -843,7 +884,7 @@ impl Engine {
         let op = self
             .running
             .as_ref()
-            .map_or_else(|| "idle".into(), |r| r.op.name.clone());
+            .map_or_else(|| "idle".into(), |r| r.op.name.to_string());
         Error::PeerFailed {
             rank: self.rank,
             peer,
@@ -910,7 +951,7 @@ impl Engine {
         if let Some(r) = self.running.take() {
             let e = error.unwrap_or_else(|| Error::Aborted {
                 rank: self.rank,
-                op: r.op.name.clone(),
+                op: r.op.name.to_string(),
                 why: why.clone(),
             });
             tracing::debug!(rank = self.rank, op = %r.op.name, after = ?r.started.elapsed(), "operation failed: {e}");
@@ -919,7 +960,7 @@ impl Engine {
         for op in self.queue.drain(..) {
             op.result.set(Err(Error::Aborted {
                 rank: self.rank,
-                op: op.name.clone(),
+                op: op.name.to_string(),
                 why: why.clone(),
             }));
         }

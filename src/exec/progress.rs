@@ -43,47 +43,41 @@ pub enum Action {
     },
 }
 
-/// One link's sends and receives, in step order, and how many of each are posted.
+/// One link's sends and receives, in step order.
 #[derive(Debug)]
-struct LinkQueue {
+struct LinkSteps {
     peer: Rank,
     sends: Vec<StepId>,
     recvs: Vec<StepId>,
-    sent: usize,
-    received: usize,
 }
 
-/// Progress of one schedule.
+/// A schedule with the indexes [`Progress`] needs, computed once per schedule (the executor
+/// caches it with the schedule) so that starting an operation allocates little.
 #[derive(Debug)]
-pub struct Progress {
-    schedule: Arc<Schedule>,
-    /// Unfinished dependencies per step.
-    remaining: Vec<u32>,
-    /// Steps whose dependencies are done (message steps: and not yet posted).
-    ready: Vec<bool>,
-    done: Vec<bool>,
+pub struct Compiled {
+    schedule: Schedule,
+    /// Unfinished dependencies of each step at the start.
+    initial: Vec<u32>,
     /// Dependents in CSR form.
     offsets: Vec<u32>,
     dependents: Vec<StepId>,
     /// Link index of each message step (`u32::MAX` for local steps).
     link_of: Vec<u32>,
-    links: Vec<LinkQueue>,
-    /// Steps that can be acted on now.
-    actionable: VecDeque<StepId>,
-    left: usize,
+    links: Vec<LinkSteps>,
+    peers: Vec<Rank>,
 }
 
-impl Progress {
-    /// Starts tracking `schedule`: the steps without dependencies become actionable.
-    pub fn new(schedule: Arc<Schedule>) -> Progress {
+impl Compiled {
+    /// Indexes `schedule`.
+    pub fn new(schedule: Schedule) -> Compiled {
         let n = schedule.len();
-        let mut remaining = vec![0u32; n];
+        let mut initial = vec![0u32; n];
         let mut counts = vec![0u32; n + 1];
         let mut link_of = vec![u32::MAX; n];
-        let mut links: Vec<LinkQueue> = Vec::new();
+        let mut links: Vec<LinkSteps> = Vec::new();
         for (i, step) in schedule.steps().iter().enumerate() {
             let deps = schedule.deps(i as StepId);
-            remaining[i] = deps.len() as u32;
+            initial[i] = deps.len() as u32;
             for &d in deps {
                 counts[d as usize + 1] += 1;
             }
@@ -91,12 +85,10 @@ impl Progress {
                 let li = match links.iter().position(|l| l.peer == peer) {
                     Some(li) => li,
                     None => {
-                        links.push(LinkQueue {
+                        links.push(LinkSteps {
                             peer,
                             sends: Vec::new(),
                             recvs: Vec::new(),
-                            sent: 0,
-                            received: 0,
                         });
                         links.len() - 1
                     }
@@ -120,17 +112,58 @@ impl Progress {
                 fill[d as usize] += 1;
             }
         }
-        let mut p = Progress {
-            remaining,
-            ready: vec![false; n],
-            done: vec![false; n],
+        let peers = schedule.peers();
+        Compiled {
+            schedule,
+            initial,
             offsets: counts,
             dependents,
             link_of,
             links,
+            peers,
+        }
+    }
+
+    /// The schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The peers the schedule exchanges messages with, ascending.
+    pub fn peers(&self) -> &[Rank] {
+        &self.peers
+    }
+}
+
+const READY: u8 = 1;
+const DONE: u8 = 2;
+
+/// Progress of one schedule.
+#[derive(Debug)]
+pub struct Progress {
+    c: Arc<Compiled>,
+    /// Unfinished dependencies per step.
+    remaining: Vec<u32>,
+    /// READY (dependencies done) and DONE bits per step.
+    flags: Vec<u8>,
+    /// Per link, sends and receives posted so far.
+    posted: Vec<(u32, u32)>,
+    /// Steps that can be acted on now.
+    actionable: VecDeque<StepId>,
+    left: usize,
+}
+
+impl Progress {
+    /// Starts tracking a schedule: the steps without dependencies become actionable.
+    pub fn new(c: Arc<Compiled>) -> Progress {
+        let n = c.schedule.len();
+        let mut p = Progress {
+            remaining: c.initial.clone(),
+            flags: vec![0; n],
+            posted: vec![(0, 0); c.links.len()],
             actionable: VecDeque::new(),
             left: n,
-            schedule,
+            c,
         };
         for i in 0..n {
             if p.remaining[i] == 0 {
@@ -141,8 +174,8 @@ impl Progress {
     }
 
     /// The schedule being run.
-    pub fn schedule(&self) -> &Arc<Schedule> {
-        &self.schedule
+    pub fn schedule(&self) -> &Schedule {
+        &self.c.schedule
     }
 
     /// Whether every step is done.
@@ -153,7 +186,7 @@ impl Progress {
     /// The next thing to do, if any. Message steps come out in link order.
     pub fn poll_action(&mut self) -> Option<Action> {
         let step = self.actionable.pop_front()?;
-        let op = self.schedule.steps()[step as usize].op;
+        let op = self.c.schedule.steps()[step as usize].op;
         Some(match op {
             Op::Send { to, src } => {
                 self.posted(step);
@@ -179,13 +212,13 @@ impl Progress {
     /// ran); its dependents may become actionable.
     pub fn handle_done(&mut self, step: StepId) {
         let s = step as usize;
-        if self.done[s] {
+        if self.flags[s] & DONE != 0 {
             return;
         }
-        self.done[s] = true;
+        self.flags[s] |= DONE;
         self.left -= 1;
-        for i in self.offsets[s] as usize..self.offsets[s + 1] as usize {
-            let d = self.dependents[i];
+        let c = self.c.clone();
+        for &d in &c.dependents[c.offsets[s] as usize..c.offsets[s + 1] as usize] {
             self.remaining[d as usize] -= 1;
             if self.remaining[d as usize] == 0 {
                 self.became_ready(d);
@@ -195,26 +228,27 @@ impl Progress {
 
     /// Peers this rank still expects messages from: whom a stuck rank is waiting for.
     pub fn waiting_for(&self) -> impl Iterator<Item = Rank> + '_ {
-        self.links
+        self.c
+            .links
             .iter()
-            .filter(|l| l.recvs.iter().any(|&s| !self.done[s as usize]))
+            .filter(|l| l.recvs.iter().any(|&s| self.flags[s as usize] & DONE == 0))
             .map(|l| l.peer)
     }
 
     /// A step's dependencies are done: local steps are actionable at once, message steps when
     /// they are next on their link.
     fn became_ready(&mut self, step: StepId) {
-        self.ready[step as usize] = true;
-        let li = self.link_of[step as usize];
+        self.flags[step as usize] |= READY;
+        let li = self.c.link_of[step as usize];
         if li == u32::MAX {
             self.actionable.push_back(step);
             return;
         }
-        let l = &self.links[li as usize];
-        let next = if self.schedule.steps()[step as usize].op.is_receive() {
-            l.recvs.get(l.received)
+        let (l, (sent, received)) = (&self.c.links[li as usize], self.posted[li as usize]);
+        let next = if self.c.schedule.steps()[step as usize].op.is_receive() {
+            l.recvs.get(received as usize)
         } else {
-            l.sends.get(l.sent)
+            l.sends.get(sent as usize)
         };
         if next == Some(&step) {
             self.actionable.push_back(step);
@@ -224,18 +258,19 @@ impl Progress {
     /// A message step was handed to the driver: advance its link and release the next step of
     /// the same direction if it is already ready.
     fn posted(&mut self, step: StepId) {
-        let li = self.link_of[step as usize] as usize;
-        let receive = self.schedule.steps()[step as usize].op.is_receive();
-        let l = &mut self.links[li];
+        let li = self.c.link_of[step as usize] as usize;
+        let receive = self.c.schedule.steps()[step as usize].op.is_receive();
+        let l = &self.c.links[li];
+        let cursor = &mut self.posted[li];
         let next = if receive {
-            l.received += 1;
-            l.recvs.get(l.received).copied()
+            cursor.1 += 1;
+            l.recvs.get(cursor.1 as usize).copied()
         } else {
-            l.sent += 1;
-            l.sends.get(l.sent).copied()
+            cursor.0 += 1;
+            l.sends.get(cursor.0 as usize).copied()
         };
         if let Some(n) = next
-            && self.ready[n as usize]
+            && self.flags[n as usize] & READY != 0
         {
             self.actionable.push_back(n);
         }
@@ -281,7 +316,7 @@ mod tests {
             ],
             0,
         );
-        let mut p = Progress::new(Arc::new(s));
+        let mut p = Progress::new(Arc::new(Compiled::new(s)));
         assert!(matches!(
             p.poll_action(),
             Some(Action::Local { step: 0, .. })
@@ -335,7 +370,7 @@ mod tests {
             ],
             0,
         );
-        let mut p = Progress::new(Arc::new(s));
+        let mut p = Progress::new(Arc::new(Compiled::new(s)));
         assert!(matches!(
             p.poll_action(),
             Some(Action::Recv {
@@ -365,9 +400,9 @@ mod tests {
         let plan = Plan::new(Collective::AllReduce, 1000, DataType::F32);
         for algorithm in Algorithm::ALL {
             let choice = Choice::new(algorithm).slice_bytes(256);
-            let s = Arc::new(algo::schedule(&plan, &choice, 1, 5).unwrap());
+            let s = Arc::new(Compiled::new(algo::schedule(&plan, &choice, 1, 5).unwrap()));
             let mut p = Progress::new(s.clone());
-            let mut seen = vec![false; s.len()];
+            let mut seen = vec![false; s.schedule().len()];
             while let Some(a) = p.poll_action() {
                 let step = match a {
                     Action::Send { step, .. }

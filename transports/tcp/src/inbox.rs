@@ -72,6 +72,8 @@ pub(crate) struct Inbox {
     lent: Option<Lent>,
     /// The peer closed its end: nothing more will arrive.
     eof: bool,
+    /// The last read found the socket empty: check readiness before reading again.
+    drained: bool,
     /// After `cancel`: data frames are dropped as they are parsed; control frames still come.
     discard: bool,
     /// Read calls and where payload bytes went (the write counter stays zero).
@@ -96,6 +98,7 @@ impl Inbox {
             direct: None,
             lent: None,
             eof: false,
+            drained: false,
             discard: false,
             stats: LinkStats::default(),
         })
@@ -146,9 +149,21 @@ impl Inbox {
             if self.eof || (had_recvs && self.recvs.is_empty() && self.direct.is_none()) {
                 break;
             }
+            // A read takes the socket lock, which the kernel also needs to deliver incoming
+            // segments: an executor spinning on an empty socket would slow down the very data
+            // it waits for. Asking poll(2) first does not take that lock.
+            if self.drained && !readable(sock) {
+                break;
+            }
             let (n, offered) = match self.read(sock, out) {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
+                Ok(Some(r)) => {
+                    self.drained = false;
+                    r
+                }
+                Ok(None) => {
+                    self.drained = true;
+                    break;
+                }
                 Err(Broken::Closed) => {
                     self.eof = true;
                     break;
@@ -495,6 +510,20 @@ impl Inbox {
         // `dst` is distinct memory.
         unsafe { std::ptr::copy_nonoverlapping(self.ring.at(pos), dst.as_mut_ptr(), n) };
     }
+}
+
+/// Whether the socket has something to read (or an error or end of stream to report), asked
+/// without taking the socket lock.
+fn readable(sock: &TcpStream) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        sock,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    !matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
 }
 
 /// A read's result: bytes read, `None` if there was nothing (or a signal came first), or why

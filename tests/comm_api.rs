@@ -1,0 +1,230 @@
+//! The communicator's API beyond the collective matrix: asynchronous work, split, init from a
+//! UniqueId, point-to-point groups, and argument errors that name the rank and the call.
+
+use std::time::Duration;
+
+use oxccl::bootstrap::UniqueId;
+use oxccl::config::TransportFilter;
+use oxccl::{Communicator, Config, Error, ReduceOp};
+
+fn local(n: usize, transport: &str) -> Vec<Communicator> {
+    let config = Config::default()
+        .transports(TransportFilter::only(&[transport]))
+        .timeout(Duration::from_secs(30));
+    Communicator::init_local(n, config).expect("init")
+}
+
+/// Runs `f` on every rank's thread and returns the results in rank order.
+fn each<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+#[test]
+fn async_work_owns_its_buffers_and_returns_them_reduced() {
+    for transport in ["loopback", "tcp"] {
+        let comms = local(3, transport);
+        let out = each(&comms, |c| {
+            let r = c.rank() as f32;
+            // Several operations in flight at once, completed in order.
+            let a = c.all_reduce_async(vec![r; 100_000], ReduceOp::Sum).unwrap();
+            let b = c.all_gather_async(vec![r; 7], vec![0f32; 21]).unwrap();
+            let bc = c
+                .broadcast_async(vec![r + 10.0; 5].into_boxed_slice(), 2)
+                .unwrap();
+            let barrier = c.barrier_async().unwrap();
+            let a = a.wait().unwrap();
+            let (_, gathered) = b.wait().unwrap();
+            let bc = bc.wait().unwrap();
+            barrier.wait().unwrap();
+            (a, gathered, bc)
+        });
+        for (rank, (a, gathered, bc)) in out.into_iter().enumerate() {
+            assert!(a.iter().all(|&v| v == 3.0), "{transport} rank {rank}");
+            let want: Vec<f32> = [0.0; 7]
+                .into_iter()
+                .chain([1.0; 7])
+                .chain([2.0; 7])
+                .collect();
+            assert_eq!(gathered, want, "{transport} rank {rank}");
+            assert_eq!(&*bc, &[12.0; 5], "{transport} rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn is_completed_turns_true_and_dropping_unfinished_work_waits_for_it() {
+    let comms = local(2, "tcp");
+    each(&comms, |c| {
+        let w = c
+            .all_reduce_async(vec![1u64; 1 << 20], ReduceOp::Sum)
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !w.is_completed() {
+            assert!(std::time::Instant::now() < deadline, "never completed");
+            std::thread::yield_now();
+        }
+        assert!(w.wait().unwrap().iter().all(|&v| v == 2));
+        // Dropped before waiting: the drop blocks until the collective is done, so the next
+        // collective still matches on both ranks.
+        drop(
+            c.all_reduce_async(vec![1u8; 1 << 16], ReduceOp::Max)
+                .unwrap(),
+        );
+        let mut x = [c.rank() as i32; 3];
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, [1; 3]);
+    });
+}
+
+#[test]
+fn split_groups_by_color_and_orders_by_key() {
+    let comms = local(6, "loopback");
+    // Colors: even ranks → 0, odd ranks → 1, rank 5 opts out. Keys reverse the order.
+    let out = each(&comms, |c| {
+        let color = if c.rank() == 5 {
+            None
+        } else {
+            Some((c.rank() % 2) as u32)
+        };
+        let sub = c.split(color, 100 - c.rank() as u32).unwrap();
+        sub.map(|s| {
+            let mut who = vec![0u64; s.size()];
+            s.all_gather(&[c.rank() as u64], &mut who).unwrap();
+            (s.rank(), s.size(), who)
+        })
+    });
+    assert_eq!(out[5], None);
+    assert_eq!(out[0], Some((2, 3, vec![4, 2, 0])));
+    assert_eq!(out[2], Some((1, 3, vec![4, 2, 0])));
+    assert_eq!(out[4], Some((0, 3, vec![4, 2, 0])));
+    assert_eq!(out[1], Some((1, 2, vec![3, 1])));
+    assert_eq!(out[3], Some((0, 2, vec![3, 1])));
+    // The parent still works after the split.
+    each(&comms, |c| c.barrier().unwrap());
+}
+
+#[test]
+fn init_rank_from_a_unique_id_forms_one_communicator() {
+    let id = UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let handles: Vec<_> = (0..3)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                // Each rank rebuilds the id from its 128 bytes, as if sent over MPI.
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                let c = Communicator::init_rank(
+                    &id,
+                    3,
+                    rank,
+                    Config::default().timeout(Duration::from_secs(30)),
+                )?;
+                let mut v = [rank as i64 + 1];
+                c.all_reduce_in_place(&mut v, ReduceOp::Prod)?;
+                Ok::<_, Error>((c.rank(), c.size(), v[0]))
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().expect("thread").expect("init_rank"), (rank, 3, 6));
+    }
+    assert!(Communicator::init_rank(&id, 3, 3, Config::default()).is_err());
+}
+
+#[test]
+fn paired_large_sends_in_a_group_do_not_deadlock() {
+    let comms = local(4, "tcp");
+    let n = 3 << 20; // several slices each way
+    let out = each(&comms, |c| {
+        let (r, size) = (c.rank(), c.size());
+        let (next, prev) = ((r + 1) % size, (r + size - 1) % size);
+        let mine = vec![r as u32; n];
+        let mut from_prev = vec![0u32; n];
+        let mut from_next = vec![0u32; n];
+        let mut selfie = vec![0u32; 5];
+        let mut g = c.group();
+        g.send(&mine, next).unwrap();
+        g.send(&mine, prev).unwrap();
+        g.recv(&mut from_prev, prev).unwrap();
+        g.recv(&mut from_next, next).unwrap();
+        g.send(&mine[..5], r).unwrap();
+        g.recv(&mut selfie, r).unwrap();
+        g.run().unwrap();
+        (from_prev[n - 1], from_next[0], selfie)
+    });
+    for (r, (p, nx, selfie)) in out.into_iter().enumerate() {
+        assert_eq!(p as usize, (r + 3) % 4);
+        assert_eq!(nx as usize, (r + 1) % 4);
+        assert_eq!(selfie, vec![r as u32; 5]);
+    }
+}
+
+#[test]
+fn blocking_send_and_recv_pair_up() {
+    let comms = local(2, "tcp");
+    let out = each(&comms, |c| {
+        if c.rank() == 0 {
+            c.send(&[1.5f64, 2.5], 1).unwrap();
+            let mut back = [0f64; 2];
+            c.recv(&mut back, 1).unwrap();
+            back
+        } else {
+            let mut got = [0f64; 2];
+            c.recv(&mut got, 0).unwrap();
+            c.send(&[got[0] * 2.0, got[1] * 2.0], 0).unwrap();
+            got
+        }
+    });
+    assert_eq!(out, vec![[3.0, 5.0], [1.5, 2.5]]);
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_rank_and_the_call() {
+    let comms = local(2, "loopback");
+    let c = &comms[1];
+    let check = |r: oxccl::Result<()>, words: &[&str]| {
+        let e = r.expect_err("must fail");
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("rank 1"), "{text}");
+        for w in words {
+            assert!(text.contains(w), "{text} lacks {w}");
+        }
+    };
+    check(
+        c.all_reduce(&[1f32; 4], &mut [0f32; 5], ReduceOp::Sum),
+        &["all_reduce", "recv"],
+    );
+    check(
+        c.all_reduce(&[1f32; 4], &mut [0f32; 4], ReduceOp::BAnd),
+        &["all_reduce", "band"],
+    );
+    check(
+        c.broadcast_in_place(&mut [1u8; 4], 2),
+        &["broadcast", "root 2"],
+    );
+    check(
+        c.reduce_scatter(&[1i32; 5], &mut [0i32; 2], ReduceOp::Sum),
+        &["reduce_scatter", "send"],
+    );
+    check(c.all_gather(&[1i8; 3], &mut [0i8; 5]), &["all_gather"]);
+    check(c.all_to_all(&[1u32; 3], &mut [0u32; 3]), &["all_to_all"]);
+    check(c.gather(&[1u8; 2], &mut [0u8; 4], 7), &["gather", "root 7"]);
+    check(
+        c.all_reduce_bytes(
+            &[0u8; 7],
+            &mut [0u8; 7],
+            oxccl::DataType::F32,
+            ReduceOp::Sum,
+        ),
+        &["all_reduce", "whole number"],
+    );
+    check(c.send(&[1u8], 2), &["send", "peer 2"]);
+    check(c.recv(&mut [1u8], 9), &["recv", "peer 9"]);
+    // Nothing was sent: both ranks still run a collective together afterwards.
+    each(&comms, |c| c.barrier().unwrap());
+}

@@ -1,0 +1,460 @@
+//! Measurement of one row on one rank: buffers, warm-up, the timed repeats, the combination of
+//! ranks' times (`-a`) and the check. Every rank runs the same calls in the same order; only
+//! the communicator's collectives cross ranks, so every wait has the communicator's deadline.
+//! Nothing here prints.
+
+use std::time::Instant;
+
+use oxccl::Communicator;
+use oxccl::algo::Plan;
+use oxccl::types::{DataType, ReduceOp};
+
+use crate::args::{Combine, Settings};
+use crate::check::{self, Case, Pattern};
+use crate::coll::Coll;
+
+/// Most timed iterations per repeat that `--min-time` may ask for (each is kept for p50/p99).
+const MAX_ITERS: u64 = 1_000_000;
+
+/// One row of the table: what is measured.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// The collective.
+    pub coll: Coll,
+    /// Element type.
+    pub dtype: DataType,
+    /// The operator, for collectives that reduce.
+    pub op: Option<ReduceOp>,
+    /// The root, for rooted collectives.
+    pub root: Option<usize>,
+    /// Bytes of the whole logical array (the size column).
+    pub size: u64,
+    /// The count passed to the collective (the count column).
+    pub count: usize,
+    /// The algorithm oxccl runs for it (`p2p` for send/receive).
+    pub algorithm: String,
+}
+
+/// Where the output goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Separate input and output buffers.
+    OutOfPlace,
+    /// One buffer, as oxccl's `*_in_place` calls lay it out.
+    InPlace,
+}
+
+/// One placement of one row, combined over ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    /// Median over repeats of the mean time per call, µs.
+    pub time_us: f64,
+    /// Algorithm bandwidth, GB/s (1e9 bytes per second).
+    pub alg_bw: f64,
+    /// Bus bandwidth, GB/s.
+    pub bus_bw: f64,
+    /// Wrong elements summed over ranks; `None` without `-c`.
+    pub nwrong: Option<u64>,
+    /// Median duration of a single timed iteration, µs.
+    pub p50_us: f64,
+    /// 99th percentile of a single timed iteration, µs.
+    pub p99_us: f64,
+    /// Timed iterations per repeat.
+    pub iterations: u64,
+}
+
+/// A rank's buffers for one placement.
+enum Buffers {
+    Separate { send: Buf, recv: Buf },
+    Shared(Buf),
+}
+
+/// Host memory aligned for every element type.
+struct Buf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Buf {
+    fn new(len: usize) -> Result<Buf, String> {
+        let mut words = Vec::new();
+        words
+            .try_reserve_exact(len.div_ceil(8))
+            .map_err(|_| format!("cannot allocate a buffer of {len} bytes"))?;
+        words.resize(len.div_ceil(8), 0);
+        Ok(Buf { words, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+/// Where this rank's input and output lie, in elements.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    input: usize,
+    output: usize,
+    /// In place: the element where the input starts, and where the output starts
+    /// ([`Plan::layout`]).
+    input_at: usize,
+    output_at: usize,
+}
+
+/// Runs rows on one rank's communicator.
+pub struct Bench<'a> {
+    comm: &'a Communicator,
+    settings: &'a Settings,
+}
+
+impl<'a> Bench<'a> {
+    /// A bench over `comm` with the run's settings.
+    pub fn new(comm: &'a Communicator, settings: &'a Settings) -> Bench<'a> {
+        Bench { comm, settings }
+    }
+
+    /// The row for a requested `size` in bytes.
+    pub fn row(&self, dtype: DataType, op: Option<ReduceOp>, size: u64) -> Row {
+        let coll = self.settings.coll;
+        let n = self.comm.size();
+        let (elements, count) = coll.counts(size, dtype.size(), n);
+        let root = coll.rooted().then_some(self.settings.root);
+        let algorithm = match coll.collective() {
+            Some(c) => {
+                let plan = Plan::new(c, count, dtype)
+                    .op(op.unwrap_or(ReduceOp::Sum))
+                    .root(root.unwrap_or(0));
+                self.comm.explain(&plan).0.algorithm.name().to_owned()
+            }
+            None => "p2p".to_owned(),
+        };
+        Row {
+            coll,
+            dtype,
+            op,
+            root,
+            size: (elements * dtype.size()) as u64,
+            count,
+            algorithm,
+        }
+    }
+
+    /// Measures `row` in `placement`: `None` where oxccl has no such call (the in-place form
+    /// of gather, scatter and send/receive). Every rank gets the same combined result.
+    pub fn measure(&self, row: &Row, placement: Placement) -> Result<Option<Measured>, String> {
+        if placement == Placement::InPlace && !row.coll.has_in_place() {
+            return Ok(None);
+        }
+        let s = self.settings;
+        let shape = self.shape(row);
+        let esize = row.dtype.size();
+        let mut bufs = match placement {
+            Placement::OutOfPlace => Buffers::Separate {
+                send: Buf::new(shape.input * esize)?,
+                recv: Buf::new(shape.output * esize)?,
+            },
+            Placement::InPlace => Buffers::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
+        };
+        let pattern = Pattern::new(row.coll, row.op, row.dtype, self.comm.size());
+        self.prepare(row, &shape, &pattern, &mut bufs)?;
+
+        for _ in 0..s.warmup {
+            self.call(row, &mut bufs)?;
+        }
+        let iters = match s.min_time {
+            Some(t) => self.calibrate(row, &mut bufs, t.as_secs_f64())?,
+            None => s.iters,
+        };
+        // samples = [mean of each repeat..., each timed iteration...]
+        let repeats = s.repeats as usize;
+        let timed = repeats.saturating_mul(iters as usize);
+        let (mut samples, mut durations) = (Vec::new(), Vec::new());
+        samples
+            .try_reserve_exact(timed.saturating_add(repeats))
+            .and_then(|()| durations.try_reserve_exact(timed))
+            .map_err(|_| format!("cannot hold the times of {timed} iterations"))?;
+        for _ in 0..repeats {
+            self.comm.barrier().map_err(|e| e.to_string())?;
+            let total = self.timed(row, &mut bufs, iters, &mut durations)?;
+            samples.push(total / iters as f64);
+        }
+        samples.append(&mut durations);
+        self.combine(&mut samples)?;
+        let (means, iterations) = samples.split_at_mut(repeats);
+        let time = median(means);
+        iterations.sort_by(f64::total_cmp);
+
+        let nwrong = if s.check > 0 {
+            Some(self.check(row, &shape, &pattern, &mut bufs)?)
+        } else {
+            None
+        };
+        let alg_bw = if time > 0.0 {
+            row.size as f64 / time / 1e9
+        } else {
+            0.0
+        };
+        Ok(Some(Measured {
+            time_us: time * 1e6,
+            alg_bw,
+            bus_bw: alg_bw * row.coll.bus_factor(self.comm.size()),
+            nwrong,
+            p50_us: percentile(iterations, 50.0) * 1e6,
+            p99_us: percentile(iterations, 99.0) * 1e6,
+            iterations: iters,
+        }))
+    }
+
+    fn shape(&self, row: &Row) -> Shape {
+        let (rank, n) = (self.comm.rank(), self.comm.size());
+        let Some(c) = row.coll.collective() else {
+            return Shape {
+                input: row.count,
+                output: row.count,
+                input_at: 0,
+                output_at: 0,
+            };
+        };
+        let plan = Plan::new(c, row.count, row.dtype)
+            .root(row.root.unwrap_or(0))
+            .in_place(true);
+        // Where oxccl reads and writes inside the one in-place buffer (unused out of place).
+        let layout = plan.layout(rank, n);
+        let esize = row.dtype.size();
+        Shape {
+            input: plan.input_count(rank, n),
+            output: plan.output_count(rank, n),
+            input_at: layout.input.1 / esize,
+            output_at: layout.output.1 / esize,
+        }
+    }
+
+    /// Poisons the outputs and writes the known inputs.
+    fn prepare(
+        &self,
+        row: &Row,
+        shape: &Shape,
+        pattern: &Pattern,
+        bufs: &mut Buffers,
+    ) -> Result<(), String> {
+        let (rank, esize) = (self.comm.rank(), row.dtype.size());
+        match bufs {
+            Buffers::Separate { send, recv } => {
+                check::poison(recv.bytes_mut());
+                check::fill_input(pattern, row.dtype, rank, send.bytes_mut())
+            }
+            Buffers::Shared(buf) => {
+                let b = buf.bytes_mut();
+                check::poison(b);
+                let at = shape.input_at * esize;
+                check::fill_input(
+                    pattern,
+                    row.dtype,
+                    rank,
+                    &mut b[at..at + shape.input * esize],
+                )
+            }
+        }
+    }
+
+    /// This rank's output elements.
+    fn output<'b>(&self, row: &Row, shape: &Shape, bufs: &'b mut Buffers) -> &'b mut [u8] {
+        let esize = row.dtype.size();
+        match bufs {
+            Buffers::Separate { recv, .. } => recv.bytes_mut(),
+            Buffers::Shared(buf) => {
+                let at = shape.output_at * esize;
+                &mut buf.bytes_mut()[at..at + shape.output * esize]
+            }
+        }
+    }
+
+    /// Runs the row once.
+    fn call(&self, row: &Row, bufs: &mut Buffers) -> Result<(), String> {
+        let c = self.comm;
+        let (dt, op, root) = (
+            row.dtype,
+            row.op.unwrap_or(ReduceOp::Sum),
+            row.root.unwrap_or(0),
+        );
+        let result = match bufs {
+            Buffers::Separate { send, recv } => {
+                let (s, r) = (send.bytes(), recv.bytes_mut());
+                match row.coll {
+                    Coll::AllReduce => c.all_reduce_bytes(s, r, dt, op),
+                    Coll::AllGather => c.all_gather_bytes(s, r, dt),
+                    Coll::ReduceScatter => c.reduce_scatter_bytes(s, r, dt, op),
+                    Coll::Broadcast => c.broadcast_bytes(s, r, dt, root),
+                    Coll::Reduce => c.reduce_bytes(s, r, dt, op, root),
+                    Coll::AllToAll => c.all_to_all_bytes(s, r, dt),
+                    Coll::Gather => c.gather_bytes(s, r, dt, root),
+                    Coll::Scatter => c.scatter_bytes(s, r, dt, root),
+                    Coll::SendRecv => {
+                        let (rank, n) = (c.rank(), c.size());
+                        let mut g = c.group();
+                        g.send(s, (rank + 1) % n)
+                            .and_then(|g| g.recv(r, (rank + n - 1) % n).map(|_| ()))
+                            .and_then(|()| g.run())
+                    }
+                }
+            }
+            Buffers::Shared(buf) => {
+                let b = buf.bytes_mut();
+                match row.coll {
+                    Coll::AllReduce => c.all_reduce_in_place_bytes(b, dt, op),
+                    Coll::AllGather => c.all_gather_in_place_bytes(b, dt),
+                    Coll::ReduceScatter => c.reduce_scatter_in_place_bytes(b, dt, op),
+                    Coll::Broadcast => c.broadcast_in_place_bytes(b, dt, root),
+                    Coll::Reduce => c.reduce_in_place_bytes(b, dt, op, root),
+                    Coll::AllToAll => c.all_to_all_in_place_bytes(b, dt),
+                    Coll::Gather | Coll::Scatter | Coll::SendRecv => {
+                        return Err(format!("{} has no in-place form", row.coll));
+                    }
+                }
+            }
+        };
+        result.map_err(|e| e.to_string())
+    }
+
+    /// `iters` calls back to back (a barrier after each with `-z 1`); appends each call's
+    /// duration to `durations` and returns the total, in seconds.
+    fn timed(
+        &self,
+        row: &Row,
+        bufs: &mut Buffers,
+        iters: u64,
+        durations: &mut Vec<f64>,
+    ) -> Result<f64, String> {
+        let start = Instant::now();
+        let mut last = start;
+        for _ in 0..iters {
+            self.call(row, bufs)?;
+            if self.settings.blocking {
+                self.comm.barrier().map_err(|e| e.to_string())?;
+            }
+            let now = Instant::now();
+            durations.push((now - last).as_secs_f64());
+            last = now;
+        }
+        Ok((last - start).as_secs_f64())
+    }
+
+    /// The iteration count that makes one repeat last at least `target` seconds, from rank 0's
+    /// timing of growing batches (broadcast, so every rank takes the same decisions).
+    fn calibrate(&self, row: &Row, bufs: &mut Buffers, target: f64) -> Result<u64, String> {
+        let mut batch = 1u64;
+        let mut scratch = Vec::new();
+        let per_call = loop {
+            scratch.clear();
+            let mut t = [self.timed(row, bufs, batch, &mut scratch)?];
+            self.comm
+                .broadcast_in_place(&mut t, 0)
+                .map_err(|e| e.to_string())?;
+            if t[0] >= target / 8.0 || batch >= 1 << 20 {
+                break t[0] / batch as f64;
+            }
+            batch *= 4;
+        };
+        let wanted = if per_call > 0.0 {
+            (target / per_call).ceil() as u64
+        } else {
+            MAX_ITERS
+        };
+        Ok(wanted.min(MAX_ITERS).max(self.settings.iters))
+    }
+
+    /// Combines every rank's `values` element-wise per `-a`; every rank gets the result.
+    fn combine(&self, values: &mut [f64]) -> Result<(), String> {
+        let c = self.comm;
+        let r = match self.settings.combine {
+            Combine::Rank0 => c.broadcast_in_place(values, 0),
+            Combine::Average => c.all_reduce_in_place(values, ReduceOp::Avg),
+            Combine::Min => c.all_reduce_in_place(values, ReduceOp::Min),
+            Combine::Max => c.all_reduce_in_place(values, ReduceOp::Max),
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Runs `-c` checked calls and returns the wrong elements summed over ranks.
+    fn check(
+        &self,
+        row: &Row,
+        shape: &Shape,
+        pattern: &Pattern,
+        bufs: &mut Buffers,
+    ) -> Result<u64, String> {
+        let rank = self.comm.rank();
+        let case = Case {
+            coll: row.coll,
+            op: row.op,
+            dtype: row.dtype,
+            rank,
+            n: self.comm.size(),
+            count: row.count,
+            root: row.root.unwrap_or(0),
+        };
+        let mut wrong = 0;
+        for _ in 0..self.settings.check {
+            self.prepare(row, shape, pattern, bufs)?;
+            self.call(row, bufs)?;
+            let out = self.output(row, shape, bufs);
+            if self.settings.corrupt_rank == Some(rank) {
+                check::corrupt(out, row.dtype.size());
+            }
+            wrong += check::count_wrong(pattern, &case, out)?;
+        }
+        let mut total = [wrong];
+        self.comm
+            .all_reduce_in_place(&mut total, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        Ok(total[0])
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even length); 0 when empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The `p`-th percentile of sorted `v` by the nearest-rank method; 0 when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_percentiles() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn buffers_are_aligned_for_every_type() {
+        let mut b = Buf::new(13).unwrap();
+        assert_eq!(b.bytes().len(), 13);
+        assert_eq!(b.bytes_mut().as_ptr() as usize % 8, 0);
+        assert!(Buf::new(0).unwrap().bytes().is_empty());
+    }
+}

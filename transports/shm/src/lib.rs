@@ -1,0 +1,1 @@
+//! oxccl-transport-shm: placeholder (being written).

@@ -2,12 +2,14 @@
 //! `avg`. They never communicate; the executor calls them on slices it owns or borrows.
 //!
 //! [`cpu`] serves host memory for every data type and operator, following the arithmetic
-//! contract in [`crate::types`].
+//! contract in [`crate::types`]. `cuda` (feature `cuda`, on by default) does the same on CUDA device memory.
 
 use crate::algo::sim::Arithmetic;
 use crate::types::{DataType, ReduceOp};
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 /// The CPU kernels as the simulator's [`Arithmetic`]: lets [`crate::algo::sim`] run schedules on
 /// the same arithmetic the executor uses.

@@ -28,6 +28,11 @@ pub struct Config {
     /// Scratch slots per pipeline (`OXCCL_SCRATCH_SLOTS`; default 4): scratch memory per
     /// communicator is at most a few times `slice_bytes × scratch_slots`.
     pub scratch_slots: usize,
+    /// All-reduces of at least this many bytes between ranks of one host read each other's
+    /// memory directly instead of passing messages (`OXCCL_DIRECT_MIN`, bytes, or `off`;
+    /// default [`Config::DEFAULT_DIRECT_MIN`]). Smaller ones go through the group area (up to
+    /// 4 MiB), larger ones without direct reads through the shared-memory rings.
+    pub direct_min: usize,
 }
 
 impl Default for Config {
@@ -40,11 +45,16 @@ impl Default for Config {
             host_id: None,
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
             scratch_slots: Choice::DEFAULT_SCRATCH_SLOTS,
+            direct_min: Config::DEFAULT_DIRECT_MIN,
         }
     }
 }
 
 impl Config {
+    /// Default [`Config::direct_min`]: where reading peers' memory directly starts to beat
+    /// the rings on the reference machine (see the README's performance section).
+    pub const DEFAULT_DIRECT_MIN: usize = 4 << 20;
+
     /// Defaults overridden by the `OXCCL_*` variables present in the environment.
     pub fn from_env() -> Result<Config> {
         Config::from_vars(|k| std::env::var(k).ok())
@@ -95,6 +105,14 @@ impl Config {
             }
             c.slice_bytes = b;
         }
+        if let Some(v) = get("OXCCL_DIRECT_MIN") {
+            c.direct_min = match v.trim() {
+                "off" => usize::MAX,
+                t => t
+                    .parse()
+                    .map_err(|_| bad("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`"))?,
+            };
+        }
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             let s: usize = v
                 .trim()
@@ -111,6 +129,14 @@ impl Config {
     /// The same configuration with another deadline.
     pub fn timeout(self, timeout: Duration) -> Config {
         Config { timeout, ..self }
+    }
+
+    /// With [`Config::direct_min`] set to `bytes` (`usize::MAX`: never read peers directly).
+    pub fn direct_min(self, bytes: usize) -> Config {
+        Config {
+            direct_min: bytes,
+            ..self
+        }
     }
 
     /// The same configuration with a forced algorithm.

@@ -28,6 +28,7 @@ pub mod comm;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod launch;
 mod logging;
 pub mod reduce;
 pub mod topo;

@@ -2,16 +2,16 @@
 //! ports, and a rank process killed during a large all-reduce. Each must end in a clear error on
 //! the ranks involved — promptly, not at the deadline — and never in a hang.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod util;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use oxccl::bootstrap::{Secret, Store, StoreServer, UniqueId};
 use oxccl::config::TransportFilter;
 use oxccl::{Communicator, Config, Error, ReduceOp};
+use util::procs;
 
 fn tcp(n: usize, timeout: Duration) -> Vec<Communicator> {
     let config = Config::default()
@@ -272,57 +272,8 @@ fn strangers_are_turned_away_and_the_job_still_runs() {
     }
 }
 
-/// The example `name`, next to this test's binary (built if missing).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join("examples").join(name);
-    if !path.exists() {
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", "oxccl", "--example", name])
-            .status()
-            .expect("cargo")
-            .success();
-        assert!(ok, "building example {name} failed");
-    }
-    path
-}
-
-struct Rank {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-fn launch(n: usize, args: &[&str]) -> (StoreServer, Vec<Rank>) {
-    let secret = Secret::random().expect("random");
-    let server =
-        StoreServer::bind("127.0.0.1:0".parse().expect("addr"), secret.clone()).expect("store");
-    let worker = example("fault_worker");
-    let ranks = (0..n)
-        .map(|r| {
-            let mut child = Command::new(&worker)
-                .args(args)
-                .env("OXCCL_RANK", r.to_string())
-                .env("OXCCL_WORLD_SIZE", n.to_string())
-                .env("OXCCL_STORE", server.local_addr().to_string())
-                .env("OXCCL_TOKEN", secret.to_hex())
-                .env("OXCCL_TIMEOUT", "60")
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn worker");
-            let out = child.stdout.take().expect("stdout");
-            let (tx, lines) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-            });
-            Rank { child, lines }
-        })
-        .collect();
-    (server, ranks)
+fn launch(n: usize, args: &[&str]) -> (StoreServer, Vec<procs::Rank>) {
+    procs::launch(n, "fault_worker", args, |_| vec![])
 }
 
 #[test]

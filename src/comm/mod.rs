@@ -26,6 +26,7 @@ use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::exec::area::AreaPath;
 use crate::exec::descriptor::Descriptor;
 use crate::exec::driver::{Engine, Flags, OpName, OpResult, Operation, Work};
 use crate::exec::progress::Compiled;
@@ -58,6 +59,8 @@ pub(crate) struct Inner {
     slice_bytes: usize,
     /// Per peer, the transport of its link.
     link_names: Vec<Option<&'static str>>,
+    /// The shared group area, when every peer is on this host over shared memory.
+    area: Option<AreaPath>,
 }
 
 /// Everything that changes per call, under one lock.
@@ -65,6 +68,8 @@ struct State {
     engine: Engine,
     /// Sequence number of the next collective.
     collectives: u64,
+    /// Number of collectives run through the group area so far (its buffers' own count).
+    area_turns: u64,
     /// Per peer, sequence number of the next point-to-point group involving it.
     groups: Vec<u64>,
     /// Number of splits so far (names the children's store namespaces).
@@ -267,8 +272,35 @@ impl Communicator {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
+        let inner = &*self.inner;
+        let mut st = inner.lock();
+        if let Some(area) = inner
+            .area
+            .as_ref()
+            .filter(|a| inner.config.algorithm.is_none() && a.takes(&plan))
+        {
+            // Earlier asynchronous work completes first: collectives run in call order.
+            st.engine.drain();
+            let seq = st.collectives;
+            st.collectives += 1;
+            let name = OpName::Collective(plan.collective, seq);
+            if let Some(e) = st.engine.refuse(&name) {
+                return Err(e);
+            }
+            let turn = st.area_turns;
+            st.area_turns += 1;
+            let timeout = inner.config.timeout;
+            return area.all_reduce(
+                &mut st.engine,
+                &inner.flags,
+                (seq, turn),
+                &plan,
+                input,
+                output,
+                timeout,
+            );
+        }
         let result = Arc::new(OpResult::default());
-        let mut st = self.inner.lock();
         self.inner
             .submit(&mut st, plan, input, output, result.clone())?;
         st.engine.drive_until(&result);

@@ -9,12 +9,14 @@ use std::time::Instant;
 use oxccl_transport::auth::Secret;
 use oxccl_transport::loopback::{Hub, LoopbackTransport};
 use oxccl_transport::{Link, PeerInfo, Transport};
+use oxccl_transport_shm::{AreaSet, ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
 use super::{Background, Communicator, Inner, State};
 use crate::bootstrap::{PrefixStore, Store, StoreServer, iface};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::exec::area::AreaPath;
 use crate::exec::descriptor;
 use crate::exec::driver::{Engine, Flags};
 use crate::topo::{self, Topology};
@@ -64,13 +66,17 @@ impl Boot {
     }
 }
 
+/// Slots per shared-memory ring: one can stay lent while the next arrives, and a couple more
+/// let small messages queue.
+const SHM_SLOTS: usize = 4;
+
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
     let deadline = Instant::now() + config.timeout;
     let store = PrefixStore::new(boot.store.clone(), boot.prefix.clone());
     let host = topo::host_id(config.host_id.as_deref());
     let max_message = config.slice_bytes.max(descriptor::LEN);
-    let mut transports = transports(&boot, rank, size, &config, max_message)?;
+    let (mut transports, areas) = transports(&boot, rank, size, &config, max_message)?;
 
     let mut endpoints = Vec::new();
     for t in transports.iter_mut() {
@@ -131,11 +137,30 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
 
     // Nobody starts before everybody is connected: a rank that failed to connect shows up
     // here, by name, instead of as a timeout in the first collective.
-    store.set(&format!("ready/{rank}"), b"1")?;
+    // Each rank also says whether it can read all its peers' memory directly; the group
+    // area's direct path needs every rank to agree.
+    let group = areas
+        .filter(|_| {
+            link_names
+                .iter()
+                .enumerate()
+                .all(|(r, n)| r == rank || *n == Some("shm"))
+        })
+        .and_then(|a| a.group(rank));
+    let direct = group.as_ref().is_some_and(|a| a.direct());
+    store.set(&format!("ready/{rank}"), if direct { b"d" } else { b"1" })?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     store.wait(&keys, deadline)?;
+    let mut everyone_direct = direct;
+    if direct {
+        for k in &keys {
+            everyone_direct &= store.get(k, deadline)? == b"d";
+        }
+    }
 
+    // The group area serves when every peer is reached over shared memory.
+    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, config.direct_min));
     let flags = Arc::new(Flags::new());
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());
@@ -160,6 +185,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             state: Mutex::new(State {
                 engine,
                 collectives: 0,
+                area_turns: 0,
                 groups: vec![0; size],
                 splits: 0,
                 cache: Default::default(),
@@ -168,9 +194,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             background: Background::default(),
             slice_bytes,
             link_names,
+            area,
         }),
     })
 }
+
+/// The transports, and the shared-memory group area's handle when shm is among them.
+type Transports = (Vec<Box<dyn Transport>>, Option<AreaSet>);
 
 /// The allowed transports that can exist here, in preference order.
 fn transports(
@@ -179,8 +209,9 @@ fn transports(
     size: usize,
     config: &Config,
     max_message: usize,
-) -> Result<Vec<Box<dyn Transport>>> {
+) -> Result<Transports> {
     let mut out: Vec<Box<dyn Transport>> = Vec::new();
+    let mut areas = None;
     for name in config.transports.order() {
         match name {
             "loopback" => {
@@ -192,6 +223,21 @@ fn transports(
                         max_message,
                     )));
                 }
+            }
+            "shm" => {
+                let shm = ShmTransport::new(ShmConfig {
+                    rank,
+                    nranks: size,
+                    secret: boot.secret.clone(),
+                    context: boot.prefix.as_bytes().to_vec(),
+                    max_message,
+                    slots: SHM_SLOTS,
+                })
+                .map_err(|e| {
+                    transport_error(rank, "create the shared-memory transport".into(), e)
+                })?;
+                areas = Some(shm.areas());
+                out.push(Box::new(shm));
             }
             "tcp" => {
                 let bind_ip = if boot.hub.is_some() {
@@ -222,7 +268,7 @@ fn transports(
             config.transports.order().collect::<Vec<_>>()
         )));
     }
-    Ok(out)
+    Ok((out, areas))
 }
 
 fn transport_error(rank: Rank, what: String, source: oxccl_transport::TransportError) -> Error {

@@ -272,6 +272,8 @@ pub struct Engine {
     timeout: Duration,
     flags: Arc<Flags>,
     passes: u64,
+    /// Reused list of what to wait on when blocking.
+    readiness: Vec<oxccl_transport::Readiness>,
 }
 
 impl Engine {
@@ -296,6 +298,7 @@ impl Engine {
             timeout,
             flags,
             passes: 0,
+            readiness: Vec::new(),
         }
     }
 
@@ -340,6 +343,18 @@ impl Engine {
         }
     }
 
+    /// Drives until nothing is queued or running (every operation ends: each has a deadline).
+    pub fn drain(&mut self) {
+        let mut idle_since: Option<Instant> = None;
+        while self.busy() {
+            if self.pass() {
+                idle_since = None;
+                continue;
+            }
+            self.idle(&mut idle_since);
+        }
+    }
+
     /// Drives until nothing is queued or running, or `budget` has passed.
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
@@ -374,11 +389,32 @@ impl Engine {
 
     /// Blocks until a link may have progressed, the waker fires, or `timeout` passes.
     fn block(&mut self, timeout: Duration) {
-        let mut fds: Vec<(BorrowedFd<'_>, rustix::event::PollFlags)> = Vec::new();
-        let mut all_waitable = true;
+        let mut ready = std::mem::take(&mut self.readiness);
+        ready.clear();
+        let mut waitable = true;
         for link in self.links.iter().flatten() {
-            match link.readiness() {
-                Some(r) => {
+            waitable &= link.readiness(&mut ready);
+        }
+        if !waitable || ready.is_empty() {
+            self.readiness = ready;
+            std::thread::sleep(timeout.min(Duration::from_micros(200)));
+            return;
+        }
+        // Announce the sleep to transports that need it; any that finds work already there
+        // cancels the sleep.
+        let mut armed = 0;
+        let mut sleep = true;
+        for link in self.links.iter_mut().flatten() {
+            armed += 1;
+            if !link.arm() {
+                sleep = false;
+                break;
+            }
+        }
+        if sleep {
+            let mut fds: Vec<(BorrowedFd<'_>, rustix::event::PollFlags)> = ready
+                .iter()
+                .map(|r| {
                     let mut flags = rustix::event::PollFlags::empty();
                     if r.read {
                         flags |= rustix::event::PollFlags::IN;
@@ -386,29 +422,28 @@ impl Engine {
                     if r.write {
                         flags |= rustix::event::PollFlags::OUT;
                     }
-                    // SAFETY: the descriptor belongs to a link we hold (borrowed immutably for
-                    // the duration of this call), so it stays open while we poll it.
-                    fds.push((unsafe { BorrowedFd::borrow_raw(r.fd) }, flags));
-                }
-                None => all_waitable = false,
+                    // SAFETY: the descriptor belongs to a link we hold, which stays open while
+                    // we poll it (links are only dropped by this engine, not during this call).
+                    (unsafe { BorrowedFd::borrow_raw(r.fd) }, flags)
+                })
+                .collect();
+            if let Some(w) = &self.flags.waker {
+                fds.push((w.as_fd(), rustix::event::PollFlags::IN));
             }
+            let mut pollfds: Vec<rustix::event::PollFd<'_>> = fds
+                .iter()
+                .map(|(fd, f)| rustix::event::PollFd::new(fd, *f))
+                .collect();
+            let ts = rustix::event::Timespec {
+                tv_sec: timeout.as_secs() as i64,
+                tv_nsec: timeout.subsec_nanos() as i64,
+            };
+            let _ = rustix::event::poll(&mut pollfds, Some(&ts));
         }
-        if !all_waitable || fds.is_empty() {
-            std::thread::sleep(timeout.min(Duration::from_micros(200)));
-            return;
+        for link in self.links.iter_mut().flatten().take(armed) {
+            link.disarm();
         }
-        if let Some(w) = &self.flags.waker {
-            fds.push((w.as_fd(), rustix::event::PollFlags::IN));
-        }
-        let mut pollfds: Vec<rustix::event::PollFd<'_>> = fds
-            .iter()
-            .map(|(fd, f)| rustix::event::PollFd::new(fd, *f))
-            .collect();
-        let ts = rustix::event::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: timeout.subsec_nanos() as i64,
-        };
-        let _ = rustix::event::poll(&mut pollfds, Some(&ts));
+        self.readiness = ready;
     }
 
     /// One pass: start the next operation, act on what is ready, poll links, check deadline and
@@ -964,6 +999,150 @@ impl Engine {
                 why: why.clone(),
             }));
         }
+    }
+
+    /// Whether the communicator has failed (every later operation fails at once).
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// The error every operation gets once the communicator is broken (or aborted).
+    pub fn refuse(&self, name: &OpName) -> Option<Error> {
+        let why = self
+            .broken
+            .clone()
+            .or_else(|| self.flags.is_aborted().then(|| "abort() was called".into()))?;
+        Some(Error::Aborted {
+            rank: self.rank,
+            op: name.to_string(),
+            why,
+        })
+    }
+
+    /// While this rank runs a collective outside the engine (the shared-area path), checks
+    /// that no peer died, sent a failure notice, or started a different collective (its
+    /// descriptor waiting on the link). On any of these the communicator fails, peers are
+    /// told, and the error is returned.
+    pub fn check_outside(&mut self, name: &OpName, ours: &Descriptor) -> Result<()> {
+        let mut found: Option<Error> = None;
+        for peer in 0..self.links.len() {
+            let Some(link) = self.links[peer].as_mut() else {
+                continue;
+            };
+            self.polled.clear();
+            let polled = link.poll(&mut self.polled);
+            if let Some(Completion::Control(bytes)) = self
+                .polled
+                .iter()
+                .find(|c| matches!(c, Completion::Control(_)))
+            {
+                let bytes = bytes.clone();
+                found = Some(self.notice_outside(peer, name, ours, &bytes));
+                break;
+            }
+            if let Err(e) = polled {
+                found = Some(Error::PeerFailed {
+                    rank: self.rank,
+                    peer,
+                    op: name.to_string(),
+                    cause: e.to_string(),
+                });
+                break;
+            }
+            if link.peer_gone() {
+                found = Some(Error::PeerFailed {
+                    rank: self.rank,
+                    peer,
+                    op: name.to_string(),
+                    cause: "its connection closed".into(),
+                });
+                break;
+            }
+            if link.has_incoming() {
+                let theirs = self.read_descriptor(peer);
+                let e = Error::Mismatch {
+                    rank: self.rank,
+                    peer,
+                    op: name.to_string(),
+                    ours: ours.to_string(),
+                    theirs: theirs
+                        .map_or("a call that is not a collective".into(), |d| d.to_string()),
+                };
+                if let Some(link) = self.links[peer].as_mut() {
+                    let mut notice = vec![NOTICE_MISMATCH];
+                    notice.extend(ours.to_string().as_bytes());
+                    let _ = link.post_control(&notice[..notice.len().min(4096)]);
+                }
+                found = Some(e);
+                break;
+            }
+        }
+        match found {
+            None => Ok(()),
+            Some(e) => {
+                self.fail_outside(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Receives the descriptor that waits on `peer`'s link (briefly; `None` if it is not one).
+    fn read_descriptor(&mut self, peer: Rank) -> Option<Descriptor> {
+        let link = self.links[peer].as_mut()?;
+        let mut buf = [0u8; descriptor::LEN];
+        // SAFETY: `buf` outlives the receive: we poll until it completes or give up, and a
+        // receive given up on is cancelled (the communicator fails right after).
+        unsafe {
+            link.post_recv(
+                u64::MAX,
+                RecvInto::Memory(RecvBuf::new(buf.as_mut_ptr(), buf.len())),
+            )
+            .ok()?
+        };
+        let until = Instant::now() + Duration::from_millis(100);
+        let mut out = Vec::new();
+        while Instant::now() < until {
+            if link.poll(&mut out).is_err() {
+                break;
+            }
+            if out
+                .iter()
+                .any(|c| matches!(c, Completion::Received(u64::MAX)))
+            {
+                return Descriptor::decode(&buf);
+            }
+        }
+        link.cancel();
+        None
+    }
+
+    fn notice_outside(&self, peer: Rank, name: &OpName, ours: &Descriptor, bytes: &[u8]) -> Error {
+        match bytes.first() {
+            Some(&NOTICE_MISMATCH) => Error::Mismatch {
+                rank: self.rank,
+                peer,
+                op: name.to_string(),
+                ours: ours.to_string(),
+                theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
+            },
+            _ => {
+                let mut e = self.notice(peer, bytes);
+                if let Error::PeerFailed { op, .. } = &mut e {
+                    *op = name.to_string();
+                }
+                e
+            }
+        }
+    }
+
+    /// Fails the communicator because of `e`, found outside the engine.
+    pub fn fail_outside(&mut self, e: &Error) {
+        let origin = match e {
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => self.rank,
+        };
+        let why = e.to_string();
+        self.fail(None, why.clone(), Some((origin, why)));
     }
 
     /// Fails everything and closes every connection (the communicator is being dropped).

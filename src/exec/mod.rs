@@ -2,6 +2,7 @@
 //! state of one schedule; [`driver`] is the I/O loop around it; [`descriptor`] is what each rank
 //! tells its peers it called, so mismatched calls fail instead of hanging.
 
+pub mod area;
 pub mod descriptor;
 pub mod driver;
 pub mod progress;

@@ -3,6 +3,8 @@
 //! a runner that simulates a plan on n ranks and checks every rank's result.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use oxccl::algo::sim::{self, RankBuffers, SimConfig, SimReport};
 use oxccl::algo::{self, Buffer, Choice, Collective, Plan};
 use oxccl::reduce::Cpu;

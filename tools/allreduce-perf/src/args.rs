@@ -124,6 +124,11 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub ranks: Option<u32>,
 
+    /// When run plainly: bind each rank to a core of its own (`core`, when ranks fit the
+    /// available cores) or leave placement to the scheduler (`none`).
+    #[arg(long = "bind-to", value_name = "core|none", default_value = "core")]
+    pub bind_to: oxccl::launch::Bind,
+
     /// Force an algorithm (ring, tree, hd, direct; auto: the tuner's choice) (OXCCL_ALGO).
     #[arg(long, value_name = "NAME", value_parser = parse_algo)]
     pub algo: Option<AlgoChoice>,
@@ -265,6 +270,8 @@ pub struct Settings {
     pub json: Option<PathBuf>,
     /// `--ranks`, when given.
     pub ranks: Option<usize>,
+    /// `--bind-to`.
+    pub bind_to: oxccl::launch::Bind,
     /// `--algo`, when given.
     pub algo: Option<AlgoChoice>,
     /// `--transport`, when given (already validated).
@@ -356,6 +363,7 @@ impl Cli {
             timeout: self.timeout,
             json: self.json,
             ranks: self.ranks.map(|r| r as usize),
+            bind_to: self.bind_to,
             algo: self.algo,
             transport: self.transport,
             repeats: self.repeats,

@@ -11,7 +11,6 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use oxccl::bootstrap::{Secret, StoreServer};
-use rustix::process::Signal;
 
 use crate::args::{AlgoChoice, Settings};
 
@@ -37,9 +36,11 @@ pub fn standalone(s: &Settings) -> Result<u8, String> {
         .map_err(|e| format!("cannot find this program's executable: {e}"))?;
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
 
+    let cpus = oxccl::launch::cpu_plan(n, s.bind_to);
     let mut ranks: Vec<Child> = Vec::with_capacity(n);
     for rank in 0..n {
-        match start(&exe, &argv, rank, n, server.local_addr(), &secret, s) {
+        let cpu = cpus.as_ref().map(|c| c[rank]);
+        match start(&exe, &argv, (rank, n), cpu, server.local_addr(), &secret, s) {
             Ok(child) => ranks.push(child),
             Err(e) => {
                 kill_all(&mut ranks);
@@ -56,8 +57,8 @@ pub fn standalone(s: &Settings) -> Result<u8, String> {
 fn start(
     exe: &Path,
     argv: &[OsString],
-    rank: usize,
-    n: usize,
+    (rank, n): (usize, usize),
+    cpu: Option<usize>,
     store: SocketAddr,
     secret: &Secret,
     s: &Settings,
@@ -87,24 +88,7 @@ fn start(
     if let Some(t) = s.timeout {
         cmd.env("OXCCL_TIMEOUT", t.as_secs_f64().to_string());
     }
-    let parent = rustix::process::getpid();
-    // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe work is allowed: two raw system calls through rustix (prctl, getppid)
-    // and an io::Error built from an errno, which does not allocate. It takes no lock.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            // Fires when the forking thread exits; ranks are started from the main thread,
-            // which lives as long as this process.
-            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-            // The parent may have died before the line above took effect.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(std::io::Error::from_raw_os_error(
-                    rustix::io::Errno::SRCH.raw_os_error(),
-                ));
-            }
-            Ok(())
-        });
-    }
+    oxccl::launch::prepare(&mut cmd, cpu);
     cmd.spawn()
         .map_err(|e| format!("cannot start rank {rank} ({}): {e}", exe.display()))
 }

@@ -46,6 +46,11 @@ struct Args {
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     timeout: Option<Duration>,
 
+    /// Bind each rank to a core of its own (`core`, when ranks fit the available cores) or
+    /// leave placement to the scheduler (`none`).
+    #[arg(long = "bind-to", value_name = "core|none", default_value = "core")]
+    bind_to: oxccl::launch::Bind,
+
     /// The program to run, and its arguments.
     #[arg(
         required = true,
@@ -94,10 +99,18 @@ fn run(args: &Args) -> Result<u8, String> {
     let deadline = args.timeout.map(|t| Instant::now() + t);
     let forwarders = Forwarders::default();
     let n = args.nranks as usize;
+    let cpus = oxccl::launch::cpu_plan(n, args.bind_to);
 
     let mut ranks = Vec::with_capacity(n);
     for rank in 0..n {
-        match start(args, rank, server.local_addr(), &secret, &forwarders) {
+        match start(
+            args,
+            rank,
+            cpus.as_ref().map(|c| c[rank]),
+            server.local_addr(),
+            &secret,
+            &forwarders,
+        ) {
             Ok(r) => ranks.push(r),
             Err(msg) => {
                 eprintln!("oxrun: {msg}");
@@ -151,6 +164,7 @@ fn run(args: &Args) -> Result<u8, String> {
 fn start(
     args: &Args,
     rank: usize,
+    cpu: Option<usize>,
     store: SocketAddr,
     secret: &Secret,
     forwarders: &Forwarders,
@@ -171,25 +185,7 @@ fn start(
     // Its own process group: a terminal's Ctrl-C reaches only oxrun, which stops the ranks in
     // order, and a whole group (the rank and what it started) can be signalled at once.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let parent = rustix::process::getpid();
-    // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe work is allowed. It makes two raw system calls through rustix (prctl
-    // and getppid) and builds an io::Error from an errno, which does not allocate; it takes no
-    // lock and touches no shared state.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            // PR_SET_PDEATHSIG fires when the thread that forked exits: ranks are started from
-            // the main thread, which lives as long as oxrun.
-            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-            // oxrun may have died before the line above took effect.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(std::io::Error::from_raw_os_error(
-                    rustix::io::Errno::SRCH.raw_os_error(),
-                ));
-            }
-            Ok(())
-        });
-    }
+    oxccl::launch::prepare(&mut cmd, cpu);
     let mut child = cmd.spawn().map_err(|e| {
         format!(
             "cannot start rank {rank} ({}): {e}",

@@ -277,9 +277,32 @@ pub trait Link: Send {
     /// Returns the memory of a [`Completion::Lent`] receive to the transport.
     fn release(&mut self, token: Token);
 
-    /// What to wait on when nothing progresses, or `None` if the link cannot be waited on (the
-    /// executor then backs off by sleeping briefly).
-    fn readiness(&self) -> Option<Readiness>;
+    /// What to wait on when nothing progresses: appends the descriptors to `out` and returns
+    /// true, or returns false if the link cannot be waited on (the executor then backs off by
+    /// sleeping briefly).
+    fn readiness(&self, out: &mut Vec<Readiness>) -> bool;
+
+    /// Called right before the executor blocks on [`Link::readiness`]: a transport whose peers
+    /// only wake sleepers that announced themselves (shared memory) announces this one here.
+    /// Returns false if work may already be possible, in which case the executor polls again
+    /// instead of blocking. [`Link::disarm`] follows every `arm`.
+    fn arm(&mut self) -> bool {
+        true
+    }
+
+    /// Withdraws what [`Link::arm`] announced, after waking.
+    fn disarm(&mut self) {}
+
+    /// Whether the peer is known to have closed its end or died, checked now (possibly with a
+    /// system call); for waits that have nothing posted on the link.
+    fn peer_gone(&mut self) -> bool {
+        false
+    }
+
+    /// Whether a data message has arrived that no posted receive has taken yet.
+    fn has_incoming(&mut self) -> bool {
+        false
+    }
 
     /// Forgets every posted operation without closing the link: from the return of this call
     /// the link never reads or writes the memory of an operation posted before it, and none of

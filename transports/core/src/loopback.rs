@@ -254,8 +254,8 @@ impl Link for LoopbackLink {
         }
     }
 
-    fn readiness(&self) -> Option<Readiness> {
-        None
+    fn readiness(&self, _out: &mut Vec<Readiness>) -> bool {
+        false
     }
 
     fn cancel(&mut self) {

@@ -220,7 +220,7 @@ fn spin(l: &mut TcpLink, out: &mut Vec<Completion>, n: usize) {
         let before = out.len();
         l.poll(out).expect("poll");
         if out.len() == before {
-            b.idle(l.readiness().into_iter());
+            b.idle(ready(l).into_iter());
         }
     }
     out.clear();
@@ -325,7 +325,7 @@ fn bandwidth_link(
             if moved {
                 b.progress();
             } else {
-                b.idle(a.iter().filter_map(|l| l.readiness()));
+                b.idle(a.iter().flat_map(|l| ready(l)));
             }
         }
         a
@@ -370,7 +370,7 @@ fn bandwidth_link(
         if moved {
             backoff.progress();
         } else {
-            backoff.idle(b.iter().filter_map(|l| l.readiness()));
+            backoff.idle(b.iter().flat_map(|l| ready(l)));
         }
     }
     let e = t.elapsed();
@@ -459,4 +459,11 @@ fn main() {
             );
         }
     }
+}
+
+/// A link's wait descriptors.
+fn ready(l: &dyn Link) -> Vec<Readiness> {
+    let mut out = Vec::new();
+    l.readiness(&mut out);
+    out
 }

@@ -192,12 +192,13 @@ impl Link for TcpLink {
         self.inbox.release(token);
     }
 
-    fn readiness(&self) -> Option<Readiness> {
-        Some(Readiness {
+    fn readiness(&self, out: &mut Vec<Readiness>) -> bool {
+        out.push(Readiness {
             fd: self.sock.as_raw_fd(),
             read: true,
             write: self.outbox.blocked(),
-        })
+        });
+        true
     }
 
     fn cancel(&mut self) {

@@ -1,0 +1,340 @@
+//! The shared-memory transport and the intra-host paths, end to end: results of the group-area
+//! path (small all-reduces), the direct path (large all-reduces reading peers' memory) and the
+//! rings (everything else) against an independent reference, interleaved so the paths' sequence
+//! numbers must stay in step; faults on the area paths; a job whose ranks are all killed leaves
+//! nothing behind; and a job mixing shared memory and TCP.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use oxccl::config::TransportFilter;
+use oxccl::{Communicator, Config, Error, ReduceOp};
+use util::procs::launch;
+
+fn shm(n: usize, config: Config) -> Vec<Communicator> {
+    let config = config.transports(TransportFilter::only(&["shm"]));
+    let comms = Communicator::init_local(n, config).expect("init over shm");
+    for c in &comms {
+        let want: Vec<Option<&str>> = (0..n).map(|r| (r != c.rank()).then_some("shm")).collect();
+        assert_eq!(c.transports(), &want[..], "rank {}", c.rank());
+    }
+    comms
+}
+
+/// Runs `f(comm)` on every rank's thread and returns (result, time taken) per rank.
+fn on_each<T: Send>(
+    comms: &[Communicator],
+    f: impl Fn(&Communicator) -> T + Sync,
+) -> Vec<(T, Duration)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || {
+                    let t = Instant::now();
+                    (f(c), t.elapsed())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// Rank `r`'s value at `i`: small integers, so float sums are exact in any order.
+fn value(r: usize, i: usize) -> i64 {
+    ((i * 7 + r * 13) % 23) as i64 - 11
+}
+
+/// Element counts that land on each path, uneven across 3 ranks: empty, tiny, the one-shot
+/// edge (16 KiB of f32 is 4096 elements) and just past it, two-shot, the area's edge (4 MiB),
+/// and past it (direct by default).
+const COUNTS: [usize; 8] = [0, 1, 5, 4096, 4097, 100_003, 1 << 20, 1_500_007];
+
+/// All-reduce (both placements, several operators and types), with a broadcast and a reduce on
+/// the engine between them, checked against sums computed here.
+fn check_all_paths(comms: &[Communicator]) {
+    let n = comms.len();
+    let results = on_each(comms, |c| -> Result<(), String> {
+        let r = c.rank();
+        for count in COUNTS {
+            let mine: Vec<f32> = (0..count).map(|i| value(r, i) as f32).collect();
+            let sum: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| value(q, i)).sum::<i64>() as f32)
+                .collect();
+            let max: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| value(q, i)).max().unwrap_or(0) as f32)
+                .collect();
+            let mut out = vec![f32::NAN; count];
+            c.all_reduce(&mine, &mut out, ReduceOp::Sum)
+                .map_err(|e| format!("sum {count}: {e}"))?;
+            if out != sum {
+                return Err(format!("rank {r}: all_reduce sum of {count} is wrong"));
+            }
+            // An engine collective between two area ones.
+            let mut b: Vec<f32> = if r == 1 {
+                mine.clone()
+            } else {
+                vec![0.0; count]
+            };
+            c.broadcast_in_place(&mut b, 1)
+                .map_err(|e| format!("broadcast {count}: {e}"))?;
+            let from1: Vec<f32> = (0..count).map(|i| value(1, i) as f32).collect();
+            if b != from1 {
+                return Err(format!("rank {r}: broadcast of {count} is wrong"));
+            }
+            let mut buf = mine.clone();
+            c.all_reduce_in_place(&mut buf, ReduceOp::Max)
+                .map_err(|e| format!("max {count}: {e}"))?;
+            if buf != max {
+                return Err(format!(
+                    "rank {r}: in-place all_reduce max of {count} is wrong"
+                ));
+            }
+            let mut avg = vec![0.0f32; count];
+            c.all_reduce(&mine, &mut avg, ReduceOp::Avg)
+                .map_err(|e| format!("avg {count}: {e}"))?;
+            let want: Vec<f32> = sum.iter().map(|s| s / n as f32).collect();
+            if avg.iter().zip(&want).any(|(a, w)| (a - w).abs() > 1e-5) {
+                return Err(format!("rank {r}: all_reduce avg of {count} is wrong"));
+            }
+            let ints: Vec<i32> = (0..count).map(|i| value(r, i) as i32).collect();
+            let mut prod = ints.clone();
+            c.all_reduce_in_place(&mut prod, ReduceOp::Prod)
+                .map_err(|e| format!("prod {count}: {e}"))?;
+            let want: Vec<i32> = (0..count)
+                .map(|i| (0..n).fold(1i32, |p, q| p.wrapping_mul(value(q, i) as i32)))
+                .collect();
+            if prod != want {
+                return Err(format!("rank {r}: all_reduce prod of {count} i32 is wrong"));
+            }
+            let mut red = vec![0.0f32; count];
+            c.reduce(&mine, &mut red, ReduceOp::Sum, 0)
+                .map_err(|e| format!("reduce {count}: {e}"))?;
+            if r == 0 && red != sum {
+                return Err(format!("rank 0: reduce of {count} is wrong"));
+            }
+        }
+        Ok(())
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+#[test]
+fn every_path_over_shared_memory_matches_the_reference() {
+    // Default thresholds: one-shot, two-shot and direct reads all serve some of the counts.
+    check_all_paths(&shm(3, Config::default()));
+    // Without direct reads the largest count goes through the rings.
+    check_all_paths(&shm(3, Config::default().direct_min(usize::MAX)));
+    // Direct reads from the first byte past one-shot.
+    check_all_paths(&shm(2, Config::default().direct_min(0)));
+    // The rings alone, for every size.
+    check_all_paths(&shm(
+        3,
+        Config::default().algorithm(Some(oxccl::algo::Algorithm::Ring)),
+    ));
+}
+
+#[test]
+fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
+    for large in [false, true] {
+        let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+        let base = if large { 1 << 18 } else { 10 };
+        let results = on_each(&comms, |c| {
+            let count = base + c.rank();
+            let mut buf = vec![1.0f32; count];
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        });
+        for (r, (res, took)) in results.into_iter().enumerate() {
+            match res {
+                Err(Error::Mismatch { rank, peer, .. }) => {
+                    assert_eq!((rank, peer), (r, 1 - r), "large {large}");
+                }
+                other => panic!("rank {r} (large {large}): expected a mismatch, got {other:?}"),
+            }
+            assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
+        }
+    }
+    // An area all-reduce against a broadcast on the engine.
+    let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| {
+        let mut buf = vec![1.0f32; 8];
+        if c.rank() == 0 {
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        } else {
+            c.broadcast_in_place(&mut buf, 1)
+        }
+    });
+    for (r, (res, took)) in results.into_iter().enumerate() {
+        let e = res.expect_err("a mismatch");
+        assert!(
+            matches!(e, Error::Mismatch { .. } | Error::PeerFailed { .. }),
+            "rank {r}: {e:?}"
+        );
+        assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_calls_times_out_the_area_naming_it() {
+    let comms = shm(2, Config::default().timeout(Duration::from_millis(500)));
+    let t = Instant::now();
+    let mut buf = vec![1.0f32; 4];
+    let e = comms[0]
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        .expect_err("nobody else calls");
+    assert!(
+        matches!(
+            e,
+            Error::Timeout {
+                rank: 0,
+                peer: Some(1),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Broken now: later calls fail at once.
+    let e = comms[0]
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        .expect_err("broken");
+    assert!(matches!(e, Error::Aborted { .. }), "{e:?}");
+}
+
+#[test]
+fn abort_unblocks_a_rank_waiting_on_the_area() {
+    let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            comms[0].abort();
+        });
+        let mut buf = vec![1.0f32; 1 << 20];
+        let e = comms[0]
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("aborted");
+        assert!(matches!(e, Error::Aborted { rank: 0, .. }), "{e:?}");
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+/// Names in /dev/shm (empty if there is no such directory).
+fn dev_shm() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn killing_every_rank_mid_collective_leaves_nothing_behind() {
+    let before = dev_shm();
+    // 4 Mi floats per all-reduce: the direct path, long enough to be killed inside.
+    let (_store, mut ranks) = launch(3, "fault_worker", &["4194304", "100000"], |_| vec![]);
+    for (r, rank) in ranks.iter().enumerate() {
+        for want in ["ready", "iter"] {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not print {want}"));
+            assert!(line.starts_with(want), "rank {r}: {line}");
+        }
+    }
+    // While they run, their segments exist only as descriptors, never as names.
+    let during = dev_shm();
+    assert!(
+        !during.iter().any(|n| n.contains("oxccl")),
+        "named oxccl segments while running: {during:?}"
+    );
+    for rank in ranks.iter_mut() {
+        rank.child.kill().expect("kill");
+    }
+    for rank in ranks.iter_mut() {
+        let _ = rank.child.wait();
+    }
+    let after = dev_shm();
+    let new: Vec<&String> = after.iter().filter(|n| !before.contains(n)).collect();
+    assert!(new.is_empty(), "left in /dev/shm: {new:?}");
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_on_the_direct_path_promptly() {
+    let (_store, mut ranks) = launch(3, "fault_worker", &["4194304", "100000"], |_| vec![]);
+    for (r, rank) in ranks.iter().enumerate() {
+        for want in ["ready", "iter"] {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not print {want}"));
+            assert!(line.starts_with(want), "rank {r}: {line}");
+        }
+    }
+    let killed = Instant::now();
+    ranks[2].child.kill().expect("kill rank 2");
+    for (r, rank) in ranks.iter_mut().enumerate().take(2) {
+        let error = loop {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("rank {r} did not notice rank 2's death"));
+            if line.starts_with("error") {
+                break line;
+            }
+        };
+        assert!(
+            error.contains("PeerFailed") && error.contains("peer: 2"),
+            "rank {r}: {error}"
+        );
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "rank {r}: {error}"
+        );
+        assert_eq!(rank.child.wait().expect("wait").code(), Some(2), "rank {r}");
+    }
+    let _ = ranks[2].child.wait();
+}
+
+#[test]
+fn a_job_across_two_hosts_mixes_shared_memory_and_tcp() {
+    // Ranks 0 and 2 on "host-a", 1 and 3 on "host-b": each has one shm peer and two TCP peers.
+    let host = |r: usize| {
+        if r.is_multiple_of(2) {
+            "host-a"
+        } else {
+            "host-b"
+        }
+    };
+    let (_store, mut ranks) = launch(4, "selftest", &[], |r| {
+        vec![("OXCCL_HOST_ID", host(r).to_string())]
+    });
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let line = rank
+            .lines
+            .recv_timeout(Duration::from_secs(240))
+            .unwrap_or_else(|_| panic!("rank {r} printed nothing"));
+        assert!(line.contains("selftest ok"), "rank {r}: {line}");
+        let links: Vec<String> = (0..4)
+            .map(|q| match q {
+                q if q == r => "None".to_string(),
+                q if host(q) == host(r) => "Some(\"shm\")".to_string(),
+                _ => "Some(\"tcp\")".to_string(),
+            })
+            .collect();
+        let want = format!("links [{}]", links.join(", "));
+        assert!(line.contains(&want), "rank {r}: {line} (want {want})");
+        assert!(rank.child.wait().expect("wait").success(), "rank {r}");
+    }
+}

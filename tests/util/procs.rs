@@ -1,0 +1,73 @@
+//! Ranks as processes: oxccl's examples started with a store, as a launcher would, their
+//! standard output read line by line.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+
+use oxccl::bootstrap::{Secret, StoreServer};
+
+/// The example `name`, next to this test's binary (built if missing).
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("examples").join(name);
+    if !path.exists() {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", "oxccl", "--example", name])
+            .status()
+            .expect("cargo")
+            .success();
+        assert!(ok, "building example {name} failed");
+    }
+    path
+}
+
+/// A rank process and its output lines.
+pub struct Rank {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+}
+
+/// Starts `n` processes of example `name` with `args`; `env(r)` adds variables for rank `r`.
+pub fn launch(
+    n: usize,
+    name: &str,
+    args: &[&str],
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> (StoreServer, Vec<Rank>) {
+    let secret = Secret::random().expect("random");
+    let server =
+        StoreServer::bind("127.0.0.1:0".parse().expect("addr"), secret.clone()).expect("store");
+    let exe = example(name);
+    let ranks = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(args)
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", n.to_string())
+                .env("OXCCL_STORE", server.local_addr().to_string())
+                .env("OXCCL_TOKEN", secret.to_hex())
+                .env("OXCCL_TIMEOUT", "60")
+                .env_remove("OXCCL_TRANSPORTS")
+                .env_remove("OXCCL_HOST_ID")
+                .stdout(Stdio::piped());
+            for (k, v) in env(r) {
+                cmd.env(k, v);
+            }
+            let mut child = cmd.spawn().expect("spawn rank");
+            let out = child.stdout.take().expect("stdout");
+            let (tx, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+            Rank { child, lines }
+        })
+        .collect();
+    (server, ranks)
+}

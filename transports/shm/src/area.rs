@@ -1,0 +1,362 @@
+//! The group area: one small segment per rank, mapped by every rank of the host, where a
+//! collective can be done in one step without messages — each rank publishes its contribution
+//! in its own buffer, and every rank reads everybody's. This module is the memory layout and
+//! the publish/observe protocol; what is computed lives in oxccl's executor.
+//!
+//! Each rank's segment holds two buffers, used alternately by sequence number:
+//!
+//! - writer (owner): writes data and descriptor, then stores `seq + 1` into the buffer's stamp
+//!   (release);
+//! - readers: acquire-load the stamp; once it equals `seq + 1` the descriptor and data are
+//!   theirs to read, until they publish `seq + 1` themselves.
+//!
+//! Every rank reads every buffer of `seq` before it publishes `seq + 1`, and observes every
+//! rank's `seq + 1` before it writes `seq + 2` into the buffer `seq` used; so a writer never
+//! waits for its readers, and a small collective costs one cache-line transfer per peer: stamp,
+//! length, the descriptor's tag and the first 40 bytes of data share one line.
+//!
+//! A direct collective (peers read each other's memory) also uses the `progress` word (parts
+//! of this rank's slice done) and the `done` counter (finished reading everybody's memory), and
+//! every rank waits for all `done` before returning the caller's buffers. Waiters sleep on the
+//! owner's futex (`bell`) after spinning.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+
+use crate::primitive::{AtomicU64, Ordering};
+use crate::segment::Segment;
+
+/// Bytes of data each area buffer holds.
+pub const AREA_BYTES: usize = 4 << 20;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR2");
+
+/// Bytes of the descriptor each buffer carries (what its owner called).
+pub const DESC_BYTES: usize = 48;
+
+/// One buffer's head: stamp, length and the descriptor's tag, followed in the same cache line
+/// by the first 40 bytes of data; the full descriptor lies after the data (read only when tags
+/// differ, to say how).
+#[repr(C, align(64))]
+struct BufferHead {
+    /// `seq + 1` once the data of collective `seq` is published; 0 before any.
+    stamp: AtomicU64,
+    /// Data length in bytes.
+    len: AtomicU64,
+    /// [`tag`] of what the owner called at `seq`.
+    tag: AtomicU64,
+}
+
+/// Where a buffer's data starts, from its head.
+const HEAD: usize = 24;
+/// A buffer's span: head, data, full descriptor, rounded to cache lines.
+const BUFFER: usize = (HEAD + AREA_BYTES + DESC_BYTES).next_multiple_of(64);
+
+/// A 64-bit digest of a descriptor: equal descriptors have equal tags; a difference in any one
+/// word always changes it (each step is a bijection of the running value).
+pub fn tag(desc: &[u8; DESC_BYTES]) -> u64 {
+    desc.chunks_exact(8).fold(0x6f78_6363_6c5f_6172, |h, w| {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
+    })
+}
+
+#[repr(C)]
+struct AreaHeader {
+    magic: u64,
+    bytes: u64,
+    /// `seq + 1` of the last collective this rank finished reading everybody's buffers for.
+    done: CachePadded<AtomicU64>,
+    /// Progress of a direct collective: `(seq + 1) << PROGRESS_BITS | parts finished`.
+    progress: CachePadded<AtomicU64>,
+    /// Where peers waiting on this rank sleep.
+    bell: CachePadded<Bell>,
+}
+
+/// A futex peers sleep on until this rank changes something: `event` counts changes,
+/// `sleepers` says whether a change must wake anybody (a system call only then). The futex is
+/// the kernel's, so this one word is std's atomic even under loom (this module is not modelled).
+#[repr(C)]
+struct Bell {
+    event: std::sync::atomic::AtomicU32,
+    sleepers: std::sync::atomic::AtomicU32,
+}
+
+/// Bits of [`AreaHeader::progress`] that count parts.
+const PROGRESS_BITS: u32 = 24;
+
+/// Most parts a direct collective may publish progress for.
+pub const MAX_PARTS: u64 = (1 << PROGRESS_BITS) - 1;
+
+fn buffer_offset(b: usize) -> usize {
+    size_of::<AreaHeader>().next_multiple_of(128) + b * BUFFER
+}
+
+fn area_len() -> usize {
+    buffer_offset(2)
+}
+
+/// One rank's area segment.
+#[derive(Debug)]
+pub struct AreaSegment {
+    seg: Segment,
+}
+
+impl AreaSegment {
+    /// A new area for this rank.
+    pub fn create() -> io::Result<AreaSegment> {
+        let seg = Segment::create("oxccl-shm-area", area_len())?;
+        // SAFETY: a fresh zeroed mapping large enough for the header; not yet shared.
+        unsafe {
+            let h = seg.as_ptr().cast::<AreaHeader>();
+            (*h).magic = MAGIC;
+            (*h).bytes = AREA_BYTES as u64;
+        }
+        Ok(AreaSegment { seg })
+    }
+
+    /// A peer's area, checked before use.
+    pub fn open(fd: OwnedFd) -> io::Result<AreaSegment> {
+        let seg = Segment::map(fd)?;
+        // SAFETY: length checked first; the plain header fields were written before sharing.
+        let ok = seg.len() >= area_len()
+            && unsafe {
+                let h = seg.as_ptr().cast::<AreaHeader>();
+                (*h).magic == MAGIC && (*h).bytes == AREA_BYTES as u64
+            };
+        if !ok {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an oxccl area segment",
+            ));
+        }
+        Ok(AreaSegment { seg })
+    }
+
+    /// The descriptor to hand to peers.
+    pub fn fd(&self) -> impl std::os::fd::AsFd + '_ {
+        self.seg.fd()
+    }
+
+    fn header(&self) -> &AreaHeader {
+        // SAFETY: the mapping holds a header (checked) for as long as `self` lives.
+        unsafe { &*self.seg.as_ptr().cast::<AreaHeader>() }
+    }
+
+    fn head(&self, b: usize) -> &BufferHead {
+        // SAFETY: buffer heads lie inside the mapping (its length was checked), 64-aligned.
+        unsafe { &*self.seg.as_ptr().add(buffer_offset(b)).cast::<BufferHead>() }
+    }
+
+    fn data(&self, b: usize) -> *mut u8 {
+        // SAFETY: the data follows the head inside the mapping.
+        unsafe { self.seg.as_ptr().add(buffer_offset(b) + HEAD) }
+    }
+
+    fn desc(&self, b: usize) -> *mut [u8; DESC_BYTES] {
+        // SAFETY: the descriptor follows the data inside the mapping (byte-aligned type).
+        unsafe {
+            self.seg
+                .as_ptr()
+                .add(buffer_offset(b) + HEAD + AREA_BYTES)
+                .cast()
+        }
+    }
+}
+
+/// Every rank's area, indexed by rank, as one rank sees them.
+#[derive(Debug)]
+pub struct Area {
+    rank: usize,
+    segments: Vec<Arc<AreaSegment>>,
+    pids: Vec<i32>,
+    direct: bool,
+}
+
+/// What a published buffer holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Published {
+    /// The [`tag`] of the owner's descriptor.
+    pub tag: u64,
+    /// The owner's full descriptor (read it only if the tag differs from the reader's).
+    pub desc: *const [u8; DESC_BYTES],
+    /// Its data.
+    pub data: *const u8,
+    /// Data length in bytes.
+    pub len: usize,
+}
+
+impl Area {
+    /// The area of `rank`, given every rank's segment and process id in rank order, and
+    /// whether this rank can read every peer's memory directly.
+    pub fn new(rank: usize, segments: Vec<Arc<AreaSegment>>, pids: Vec<i32>, direct: bool) -> Area {
+        Area {
+            rank,
+            segments,
+            pids,
+            direct,
+        }
+    }
+
+    /// Whether this rank can read every peer's memory directly (`process_vm_readv`).
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Rank `r`'s process id.
+    pub fn pid(&self, r: usize) -> i32 {
+        self.pids[r]
+    }
+
+    /// Publishes that this rank finished `parts` parts of direct collective `seq`.
+    pub fn set_progress(&self, seq: u64, parts: u64) {
+        let v = ((seq + 1) << PROGRESS_BITS) | parts.min(MAX_PARTS);
+        self.segments[self.rank]
+            .header()
+            .progress
+            .store(v, Ordering::Release);
+        self.ring();
+    }
+
+    /// Parts of collective `seq` rank `r` has finished (0 while it is not there yet; all once
+    /// it is further).
+    pub fn progress(&self, r: usize, seq: u64) -> u64 {
+        let v = self.segments[r].header().progress.load(Ordering::Acquire);
+        let at = v >> PROGRESS_BITS;
+        if at == seq + 1 {
+            v & MAX_PARTS
+        } else if at > seq + 1 {
+            // Already in a later collective: everything of `seq` is done.
+            MAX_PARTS
+        } else {
+            0
+        }
+    }
+
+    /// Whether every rank has finished reading for `seq` ([`Area::finish`]).
+    pub fn all_finished(&self, seq: u64) -> bool {
+        self.segments
+            .iter()
+            .all(|s| s.header().done.load(Ordering::Acquire) > seq)
+    }
+
+    /// Ranks in the area.
+    pub fn len(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Whether the area has no ranks (never).
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    /// This rank's buffer for `seq`, to fill before [`Area::publish`] (at most [`AREA_BYTES`];
+    /// writable once this rank has observed every rank's publication of `seq - 1`).
+    pub fn my_buffer(&self, seq: u64) -> *mut u8 {
+        self.segments[self.rank].data((seq % 2) as usize)
+    }
+
+    /// Publishes this rank's buffer for `seq`: `len` bytes of data (written to
+    /// [`Area::my_buffer`]) and a descriptor.
+    pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize) {
+        let s = &self.segments[self.rank];
+        let b = (seq % 2) as usize;
+        // SAFETY: this rank owns its buffer until it stamps it; peers read the descriptor only
+        // after acquiring the stamp stored below.
+        unsafe { s.desc(b).write(*desc) };
+        let h = s.head(b);
+        h.tag.store(tag, Ordering::Relaxed);
+        h.len.store(len as u64, Ordering::Relaxed);
+        h.stamp.store(seq + 1, Ordering::Release);
+        self.ring();
+    }
+
+    /// Rank `r`'s buffer for `seq` if it is published (valid until every rank has published
+    /// `seq + 1`). A stamp beyond `seq` means `r` is already further: `Err`.
+    pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
+        let s = &self.segments[r];
+        let b = (seq % 2) as usize;
+        let h = s.head(b);
+        let stamp = h.stamp.load(Ordering::Acquire);
+        if stamp == seq + 1 {
+            // Not clamped: a direct collective publishes its message length, larger than the
+            // buffer, with addresses as data; readers check it against their own call first.
+            let len = h.len.load(Ordering::Relaxed) as usize;
+            let tag = h.tag.load(Ordering::Relaxed);
+            return Ok(Some(Published {
+                tag,
+                desc: s.desc(b),
+                data: s.data(b),
+                len,
+            }));
+        }
+        if stamp > seq + 1 {
+            Err(stamp - 1)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Records that this rank has read every buffer of `seq`.
+    pub fn finish(&self, seq: u64) {
+        self.segments[self.rank]
+            .header()
+            .done
+            .store(seq + 1, Ordering::Release);
+        self.ring();
+    }
+
+    /// Wakes peers sleeping on this rank (after a change they may wait for).
+    fn ring(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let bell = &self.segments[self.rank].header().bell;
+        bell.event.fetch_add(1, SeqCst);
+        if bell.sleepers.load(SeqCst) > 0 {
+            let _ = rustix::thread::futex::wake(
+                &bell.event,
+                rustix::thread::futex::Flags::empty(),
+                u32::MAX,
+            );
+        }
+    }
+
+    /// Sleeps until rank `r` changes something, `ready` says yes, or `max` passes (spurious
+    /// wake-ups allowed: callers check again).
+    pub fn sleep_on(&self, r: usize, max: std::time::Duration, ready: impl FnOnce() -> bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let bell = &self.segments[r].header().bell;
+        bell.sleepers.fetch_add(1, SeqCst);
+        // A change after this load changes `event`, so the wait below returns at once; a change
+        // before it is seen by `ready` (Dekker's pattern with the owner's `ring`).
+        let seen = bell.event.load(SeqCst);
+        if !ready() {
+            let t = rustix::thread::futex::Timespec {
+                tv_sec: max.as_secs() as i64,
+                tv_nsec: i64::from(max.subsec_nanos()),
+            };
+            let _ = rustix::thread::futex::wait(
+                &bell.event,
+                rustix::thread::futex::Flags::empty(),
+                seen,
+                Some(&t),
+            );
+        }
+        bell.sleepers.fetch_sub(1, SeqCst);
+    }
+
+    /// The first rank that has not finished `seq`, if any: `None` means [`Area::all_finished`].
+    pub fn unfinished(&self, seq: u64) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.header().done.load(Ordering::Acquire) <= seq)
+    }
+}
+
+// SAFETY: the area is shared memory governed by the stamp/done protocol; the handle is
+// immutable.
+unsafe impl Send for Area {}
+// SAFETY: as above.
+unsafe impl Sync for Area {}

@@ -1,0 +1,83 @@
+//! Shared memory segments: anonymous `memfd`s mapped shared, passed between processes as file
+//! descriptors. They have no name anywhere, so nothing is left behind however a job ends.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// A mapped memory segment, unmapped on drop.
+#[derive(Debug)]
+pub struct Segment {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain shared memory; access to its contents is governed by the ring
+// protocol and the atomics placed in it, not by which thread holds the handle.
+unsafe impl Send for Segment {}
+// SAFETY: as above; the handle itself is immutable.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// A new zero-filled segment of `len` bytes.
+    pub fn create(name: &str, len: usize) -> io::Result<Segment> {
+        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        Segment::map(fd)
+    }
+
+    /// Maps a segment received from a peer (its size is the file's size).
+    pub fn map(fd: OwnedFd) -> io::Result<Segment> {
+        let len = rustix::fs::fstat(&fd)?.st_size as usize;
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "empty shared segment",
+            ));
+        }
+        // SAFETY: a fresh shared mapping of a file we hold; nothing else in this process refers
+        // to the address range the kernel picks.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )?
+        };
+        let ptr =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Segment { ptr, len, fd })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the segment is empty (never: creation refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file descriptor, to pass to a peer.
+    pub fn fd(&self) -> impl AsFd + '_ {
+        &self.fd
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: we mapped exactly this range and nothing refers to it after drop (links own
+        // their segments and are dropped as a whole).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

@@ -12,36 +12,13 @@ use oxccl::bootstrap::{Secret, Store, StoreServer, UniqueId};
 use oxccl::config::TransportFilter;
 use oxccl::{Communicator, Config, Error, ReduceOp};
 use util::procs;
+use util::procs::on_each;
 
 fn tcp(n: usize, timeout: Duration) -> Vec<Communicator> {
     let config = Config::default()
         .transports(TransportFilter::only(&["tcp"]))
         .timeout(timeout);
     Communicator::init_local(n, config).expect("init over TCP")
-}
-
-/// Runs `f(comm)` on every rank's thread and returns (result, seconds taken) per rank.
-fn on_each<T: Send>(
-    comms: &[Communicator],
-    f: impl Fn(&Communicator) -> T + Sync,
-) -> Vec<(T, Duration)> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                let f = &f;
-                s.spawn(move || {
-                    let t = Instant::now();
-                    let r = f(c);
-                    (r, t.elapsed())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use oxccl::config::TransportFilter;
 use oxccl::{Communicator, Config, Error, ReduceOp};
-use util::procs::launch;
+use util::procs::{launch, on_each};
 
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
     let config = config.transports(TransportFilter::only(&["shm"]));
@@ -20,29 +20,6 @@ fn shm(n: usize, config: Config) -> Vec<Communicator> {
         assert_eq!(c.transports(), &want[..], "rank {}", c.rank());
     }
     comms
-}
-
-/// Runs `f(comm)` on every rank's thread and returns (result, time taken) per rank.
-fn on_each<T: Send>(
-    comms: &[Communicator],
-    f: impl Fn(&Communicator) -> T + Sync,
-) -> Vec<(T, Duration)> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                let f = &f;
-                s.spawn(move || {
-                    let t = Instant::now();
-                    (f(c), t.elapsed())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
-    })
 }
 
 /// Rank `r`'s value at `i`: small integers, so float sums are exact in any order.

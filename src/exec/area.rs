@@ -133,8 +133,15 @@ impl AreaPath {
                 self.rank
             )));
         }
-        let mut w = Waiter::new(engine, flags, &self.area, &name, &ours, timeout, self.rank);
-        w.spin = self.spin;
+        let mut w = Waiter::new(
+            engine,
+            flags,
+            &self.area,
+            &name,
+            &ours,
+            (timeout, self.spin),
+            self.rank,
+        );
         match self.way(plan) {
             Some(Way::OneShot) => self.small_all_reduce(&mut w, turn, plan, input, output),
             Some(Way::TwoShot) => self.two_shot_all_reduce(&mut w, turn, plan, input, output),
@@ -170,21 +177,20 @@ impl AreaPath {
             unsafe { std::ptr::copy_nonoverlapping(input.0.add(lo), mine.add(lo), hi - lo) };
         }
         // The publication says the copies are there.
-        let all = self.exchange(w, turn, &[], bytes)?;
+        let mut all = Vec::with_capacity(n);
+        self.exchange(w, turn, ([].as_ptr(), 0), bytes, |_, data| {
+            all.push(data);
+            Ok(())
+        })?;
         let (lo, hi) = slice(me);
         // SAFETY: `output` holds `bytes` bytes; `input` too, and is either the same memory
         // (then only `out` is formed) or disjoint from it; peers' buffers hold their copies of
         // this slice, unchanged until they publish `turn + 1`.
         let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(lo), hi - lo) };
         let mut first = true;
-        for p in all
-            .iter()
-            .enumerate()
-            .filter(|&(q, _)| q != me)
-            .map(|(_, p)| p)
-        {
+        for (_, &data) in all.iter().enumerate().filter(|&(q, _)| q != me) {
             // SAFETY: see above.
-            let theirs = unsafe { std::slice::from_raw_parts(p.data.add(lo), hi - lo) };
+            let theirs = unsafe { std::slice::from_raw_parts(data.add(lo), hi - lo) };
             if first && !in_place {
                 // SAFETY: as above.
                 let a = unsafe { std::slice::from_raw_parts(input.0.add(lo), hi - lo) };
@@ -211,30 +217,30 @@ impl AreaPath {
             })?;
             // SAFETY: rank q's result for its slice, complete (its progress said so) and
             // unchanged until it publishes `turn + 1`; our output's range is ours.
-            unsafe {
-                std::ptr::copy_nonoverlapping(all[q].data.add(lo), output.0.add(lo), hi - lo)
-            };
+            unsafe { std::ptr::copy_nonoverlapping(all[q].add(lo), output.0.add(lo), hi - lo) };
         }
         Ok(())
     }
 
-    /// Publishes `len` bytes of `data` with our descriptor for `turn`, then returns every
-    /// rank's publication (ours included), checked against ours.
+    /// Publishes `data` (its call covering `len` bytes) with our descriptor for `turn`, then
+    /// hands every rank's published data (ours included), in rank order, to `each` once its
+    /// descriptor is checked against ours.
     fn exchange(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
-        data: &[u8],
+        (data, data_len): (*const u8, usize),
         len: usize,
-    ) -> Result<Vec<Published>> {
+        mut each: impl FnMut(Rank, *const u8) -> Result<()>,
+    ) -> Result<()> {
         let desc: [u8; DESC_BYTES] = w.ours.encode();
         let tag = area::tag(&desc);
         let mine = self.area.my_buffer(turn);
-        // SAFETY: `data` fits a buffer (callers check), and this rank owns its area buffer:
-        // every rank read it before publishing `turn - 1`, which this rank observed.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mine, data.len()) };
+        // SAFETY: `data` holds `data_len` readable bytes, which fit a buffer (callers check),
+        // and this rank owns its area buffer: every rank read it before publishing `turn - 1`,
+        // which this rank observed.
+        unsafe { std::ptr::copy_nonoverlapping(data, mine, data_len) };
         self.area.publish(turn, &desc, tag, len);
-        let mut all = Vec::with_capacity(self.area.len());
         for r in 0..self.area.len() {
             let p = if r == self.rank {
                 Published {
@@ -260,9 +266,9 @@ impl AreaPath {
                 w.engine.fail_outside(&e);
                 return Err(e);
             }
-            all.push(p);
+            each(r, p.data)?;
         }
-        Ok(all)
+        Ok(())
     }
 
     fn small_all_reduce(
@@ -274,17 +280,14 @@ impl AreaPath {
         output: (*mut u8, usize),
     ) -> Result<()> {
         let bytes = plan.count * plan.dtype.size();
-        // SAFETY: `input` holds `bytes` readable bytes (checked by the caller).
-        let data = unsafe { std::slice::from_raw_parts(input.0, bytes) };
-        let all = self.exchange(w, turn, data, bytes)?;
-        for (r, p) in all.iter().enumerate() {
+        self.exchange(w, turn, (input.0, bytes), bytes, |r, published| {
             // SAFETY: `output` holds `bytes` writable bytes; the published buffer holds `bytes`
             // readable bytes that stay unchanged until this rank publishes `turn + 1`; they never
-            // overlap (area memory is not the caller's). `data` is not used past this point.
+            // overlap (area memory is not the caller's).
             let (out, data) = unsafe {
                 (
                     std::slice::from_raw_parts_mut(output.0, bytes),
-                    std::slice::from_raw_parts(p.data, bytes),
+                    std::slice::from_raw_parts(published, bytes),
                 )
             };
             if r == 0 {
@@ -292,7 +295,8 @@ impl AreaPath {
             } else {
                 cpu::reduce_bytes(out, data, plan.dtype, plan.op.combiner())?;
             }
-        }
+            Ok(())
+        })?;
         let n = self.area.len();
         if plan.op == ReduceOp::Avg && n > 1 {
             // SAFETY: as above.
@@ -322,20 +326,18 @@ impl AreaPath {
         let mut addrs = [0u8; 16];
         addrs[..8].copy_from_slice(&(input.0 as u64).to_le_bytes());
         addrs[8..].copy_from_slice(&(output.0 as u64).to_le_bytes());
-        let all = self.exchange(w, turn, &addrs, bytes)?;
-        let peer_addrs: Vec<(usize, usize)> = all
-            .iter()
-            .map(|p| {
-                let mut a = [0u8; 16];
-                // SAFETY: every publication of this turn carries 16 bytes of addresses (the
-                // descriptors matched, so every rank took this path).
-                unsafe { std::ptr::copy_nonoverlapping(p.data, a.as_mut_ptr(), 16) };
-                let word = |i: usize| {
-                    u64::from_le_bytes(a[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
-                };
-                (word(0), word(1))
-            })
-            .collect();
+        let mut peer_addrs: Vec<(usize, usize)> = Vec::with_capacity(n);
+        self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), bytes, |_, data| {
+            let mut a = [0u8; 16];
+            // SAFETY: every publication of this turn carries 16 bytes of addresses (the
+            // descriptors matched, so every rank took this path).
+            unsafe { std::ptr::copy_nonoverlapping(data, a.as_mut_ptr(), 16) };
+            let word = |i: usize| {
+                u64::from_le_bytes(a[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
+            };
+            peer_addrs.push((word(0), word(1)));
+            Ok(())
+        })?;
         // A failed read means the peer died or unmapped memory it promised to keep: either
         // way it failed.
         let opname = w.name.to_string();
@@ -476,7 +478,7 @@ impl<'a> Waiter<'a> {
         area: &'a Area,
         name: &'a OpName,
         ours: &'a Descriptor,
-        timeout: Duration,
+        (timeout, spin): (Duration, Duration),
         rank: Rank,
     ) -> Waiter<'a> {
         let now = Instant::now();
@@ -490,7 +492,7 @@ impl<'a> Waiter<'a> {
             timeout,
             checked: now,
             rank,
-            spin: SPIN,
+            spin,
         }
     }
 

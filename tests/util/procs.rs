@@ -1,12 +1,37 @@
-//! Ranks as processes: oxccl's examples started with a store, as a launcher would, their
-//! standard output read line by line.
+//! Ranks as processes (oxccl's examples started with a store, as a launcher would, their
+//! standard output read line by line) and as threads ([`on_each`]).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
+use oxccl::Communicator;
 use oxccl::bootstrap::{Secret, StoreServer};
+
+/// Runs `f(comm)` on every rank's thread and returns (result, time taken) per rank.
+pub fn on_each<T: Send>(
+    comms: &[Communicator],
+    f: impl Fn(&Communicator) -> T + Sync,
+) -> Vec<(T, Duration)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || {
+                    let t = Instant::now();
+                    (f(c), t.elapsed())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
 
 /// The example `name`, next to this test's binary (built if missing).
 pub fn example(name: &str) -> PathBuf {

@@ -236,13 +236,6 @@ impl Area {
         }
     }
 
-    /// Whether every rank has finished reading for `seq` ([`Area::finish`]).
-    pub fn all_finished(&self, seq: u64) -> bool {
-        self.segments
-            .iter()
-            .all(|s| s.header().done.load(Ordering::Acquire) > seq)
-    }
-
     /// Ranks in the area.
     pub fn len(&self) -> usize {
         self.segments.len()
@@ -347,7 +340,7 @@ impl Area {
         bell.sleepers.fetch_sub(1, SeqCst);
     }
 
-    /// The first rank that has not finished `seq`, if any: `None` means [`Area::all_finished`].
+    /// The first rank that has not finished `seq` ([`Area::finish`]), if any.
     pub fn unfinished(&self, seq: u64) -> Option<usize> {
         self.segments
             .iter()

@@ -28,11 +28,15 @@ pub struct Config {
     /// Scratch slots per pipeline (`OXCCL_SCRATCH_SLOTS`; default 4): scratch memory per
     /// communicator is at most a few times `slice_bytes × scratch_slots`.
     pub scratch_slots: usize,
-    /// All-reduces of at least this many bytes between ranks of one host read each other's
-    /// memory directly instead of passing messages (`OXCCL_DIRECT_MIN`, bytes, or `off`;
-    /// default [`Config::DEFAULT_DIRECT_MIN`]). Smaller ones go through the group area (up to
-    /// 4 MiB), larger ones without direct reads through the shared-memory rings.
+    /// All-reduces between ranks of one host of at least this many bytes, up to
+    /// [`Config::direct_max`] (any size in place), read and write each other's memory directly
+    /// by system calls when every rank can (`OXCCL_DIRECT_MIN`, bytes, or `off`; default
+    /// [`Config::DEFAULT_DIRECT_MIN`]); the others go through the shared group area. Ranks that
+    /// are configured differently agree at each call: direct only if every rank would.
     pub direct_min: usize,
+    /// The largest out-of-place all-reduce, in bytes, that reaches peers' memory directly
+    /// (`OXCCL_DIRECT_MAX`; default [`Config::DEFAULT_DIRECT_MAX`]).
+    pub direct_max: usize,
 }
 
 impl Default for Config {
@@ -46,14 +50,20 @@ impl Default for Config {
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
             scratch_slots: Choice::DEFAULT_SCRATCH_SLOTS,
             direct_min: Config::DEFAULT_DIRECT_MIN,
+            direct_max: Config::DEFAULT_DIRECT_MAX,
         }
     }
 }
 
 impl Config {
-    /// Default [`Config::direct_min`]: where reading peers' memory directly starts to beat
-    /// the rings on the reference machine (see the README's performance section).
-    pub const DEFAULT_DIRECT_MIN: usize = 4 << 20;
+    /// Default [`Config::direct_min`]: on the reference machine reaching peers' memory directly
+    /// beats copies through the group area for every size past the one-shot's 16 KiB (see the
+    /// README's performance section).
+    pub const DEFAULT_DIRECT_MIN: usize = 16 << 10;
+    /// Default [`Config::direct_max`]: beyond it, out of place, the data is no longer in cache
+    /// and the kernel's page-by-page copies lose to streaming through the group area; in place
+    /// they still win (they write lines just read).
+    pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
 
     /// Defaults overridden by the `OXCCL_*` variables present in the environment.
     pub fn from_env() -> Result<Config> {
@@ -113,6 +123,12 @@ impl Config {
                     .map_err(|_| bad("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`"))?,
             };
         }
+        if let Some(v) = get("OXCCL_DIRECT_MAX") {
+            c.direct_max = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("OXCCL_DIRECT_MAX", &v, "not a byte count"))?;
+        }
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             let s: usize = v
                 .trim()
@@ -131,10 +147,18 @@ impl Config {
         Config { timeout, ..self }
     }
 
-    /// With [`Config::direct_min`] set to `bytes` (`usize::MAX`: never read peers directly).
+    /// With [`Config::direct_min`] set to `bytes` (`usize::MAX`: never reach peers directly).
     pub fn direct_min(self, bytes: usize) -> Config {
         Config {
             direct_min: bytes,
+            ..self
+        }
+    }
+
+    /// With [`Config::direct_max`] set to `bytes`.
+    pub fn direct_max(self, bytes: usize) -> Config {
+        Config {
+            direct_max: bytes,
             ..self
         }
     }

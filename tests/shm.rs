@@ -1,8 +1,8 @@
 //! The shared-memory transport and the intra-host paths, end to end: results of the group-area
-//! path (small all-reduces), the direct path (large all-reduces reading peers' memory) and the
-//! rings (everything else) against an independent reference, interleaved so the paths' sequence
-//! numbers must stay in step; faults on the area paths; a job whose ranks are all killed leaves
-//! nothing behind; and a job mixing shared memory and TCP.
+//! paths (one-shot, two-shot whole and in pieces), the direct path (all-reduces reading and
+//! writing peers' memory) and the rings (everything else) against an independent reference,
+//! interleaved so the paths' sequence numbers must stay in step; faults on the area paths; a job
+//! whose ranks are all killed leaves nothing behind; and a job mixing shared memory and TCP.
 
 mod util;
 
@@ -28,8 +28,9 @@ fn value(r: usize, i: usize) -> i64 {
 }
 
 /// Element counts that land on each path, uneven across 3 ranks: empty, tiny, the one-shot
-/// edge (16 KiB of f32 is 4096 elements) and just past it, two-shot, the area's edge (4 MiB),
-/// and past it (direct by default).
+/// edge (16 KiB of f32 is 4096 elements) and just past it (two-shot), direct by default
+/// (400 KB, and 4 MiB: its upper edge), and past it (two-shot in 1 MiB pieces, the last one
+/// partial).
 const COUNTS: [usize; 8] = [0, 1, 5, 4096, 4097, 100_003, 1 << 20, 1_500_007];
 
 /// All-reduce (both placements, several operators and types), with a broadcast and a reduce on
@@ -105,12 +106,16 @@ fn check_all_paths(comms: &[Communicator]) {
 
 #[test]
 fn every_path_over_shared_memory_matches_the_reference() {
-    // Default thresholds: one-shot, two-shot and direct reads all serve some of the counts.
+    // Default thresholds: one-shot, two-shot (whole and in pieces) and direct all serve some of
+    // the counts.
     check_all_paths(&shm(3, Config::default()));
-    // Without direct reads the largest count goes through the rings.
+    // Without direct reads: two-shot past one-shot, whatever the size.
     check_all_paths(&shm(3, Config::default().direct_min(usize::MAX)));
-    // Direct reads from the first byte past one-shot.
-    check_all_paths(&shm(2, Config::default().direct_min(0)));
+    // Direct from the first byte past one-shot, whatever the size.
+    check_all_paths(&shm(
+        2,
+        Config::default().direct_min(0).direct_max(usize::MAX),
+    ));
     // The rings alone, for every size.
     check_all_paths(&shm(
         3,
@@ -219,7 +224,7 @@ fn dev_shm() -> Vec<String> {
 #[test]
 fn killing_every_rank_mid_collective_leaves_nothing_behind() {
     let before = dev_shm();
-    // 4 Mi floats per all-reduce: the direct path, long enough to be killed inside.
+    // 4 Mi floats per all-reduce: two-shot in pieces, long enough to be killed inside.
     let (_store, mut ranks) = launch(3, "fault_worker", &["4194304", "100000"], |_| vec![]);
     for (r, rank) in ranks.iter().enumerate() {
         for want in ["ready", "iter"] {
@@ -248,15 +253,52 @@ fn killing_every_rank_mid_collective_leaves_nothing_behind() {
 }
 
 #[test]
-fn a_killed_rank_fails_the_others_on_the_direct_path_promptly() {
-    let (_store, mut ranks) = launch(3, "fault_worker", &["4194304", "100000"], |_| vec![]);
+fn ranks_configured_differently_agree_on_a_way_and_get_the_right_results() {
+    // The selftest's 65537-element all-reduces are direct by default. Rank 2 going direct only
+    // in place: the out-of-place sums fall back to two-shot, the in-place maxima stay direct.
+    // Rank 1 never going direct: everything past one-shot falls back.
+    let unwilling: [(usize, &str, &str); 2] =
+        [(2, "OXCCL_DIRECT_MAX", "0"), (1, "OXCCL_DIRECT_MIN", "off")];
+    for (who, var, value) in unwilling {
+        let (_store, mut ranks) = launch(3, "selftest", &[], |r| {
+            if r == who {
+                vec![(var, value.to_string())]
+            } else {
+                vec![]
+            }
+        });
+        for (r, rank) in ranks.iter_mut().enumerate() {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("rank {r} ({var} on rank {who}) printed nothing"));
+            assert!(
+                line.contains("selftest ok"),
+                "rank {r} ({var} on rank {who}): {line}"
+            );
+            let status = rank.child.wait().expect("wait");
+            assert_eq!(status.code(), Some(0), "rank {r} ({var} on rank {who})");
+        }
+    }
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_on_the_large_paths_promptly() {
+    // 4 MiB goes direct, 16 MiB two-shot in pieces.
+    for count in ["1048576", "4194304"] {
+        a_killed_rank_fails_the_others_promptly(count);
+    }
+}
+
+fn a_killed_rank_fails_the_others_promptly(count: &str) {
+    let (_store, mut ranks) = launch(3, "fault_worker", &[count, "100000"], |_| vec![]);
     for (r, rank) in ranks.iter().enumerate() {
         for want in ["ready", "iter"] {
             let line = rank
                 .lines
                 .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("rank {r} did not print {want}"));
-            assert!(line.starts_with(want), "rank {r}: {line}");
+                .unwrap_or_else(|_| panic!("rank {r} did not print {want} ({count})"));
+            assert!(line.starts_with(want), "rank {r} ({count}): {line}");
         }
     }
     let killed = Instant::now();
@@ -266,20 +308,24 @@ fn a_killed_rank_fails_the_others_on_the_direct_path_promptly() {
             let line = rank
                 .lines
                 .recv_timeout(Duration::from_secs(10))
-                .unwrap_or_else(|_| panic!("rank {r} did not notice rank 2's death"));
+                .unwrap_or_else(|_| panic!("rank {r} did not notice rank 2's death ({count})"));
             if line.starts_with("error") {
                 break line;
             }
         };
         assert!(
             error.contains("PeerFailed") && error.contains("peer: 2"),
-            "rank {r}: {error}"
+            "rank {r} ({count}): {error}"
         );
         assert!(
             killed.elapsed() < Duration::from_secs(3),
-            "rank {r}: {error}"
+            "rank {r} ({count}): {error}"
         );
-        assert_eq!(rank.child.wait().expect("wait").code(), Some(2), "rank {r}");
+        assert_eq!(
+            rank.child.wait().expect("wait").code(),
+            Some(2),
+            "rank {r} ({count})"
+        );
     }
     let _ = ranks[2].child.wait();
 }
@@ -313,5 +359,38 @@ fn a_job_across_two_hosts_mixes_shared_memory_and_tcp() {
         let want = format!("links [{}]", links.join(", "));
         assert!(line.contains(&want), "rank {r}: {line} (want {want})");
         assert!(rank.child.wait().expect("wait").success(), "rank {r}");
+    }
+}
+
+#[test]
+fn area_collectives_followed_by_engine_ones_never_look_mismatched() {
+    // A rank that finishes an area all-reduce first starts the next collective on the engine
+    // while slower ranks still wait in the area; its descriptor on their links must not be
+    // taken for a mismatch. Ranks outnumber cores here, so ranks are preempted mid-wait.
+    let comms = shm(4, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| -> Result<(), String> {
+        let (n, r) = (c.size(), c.rank());
+        for k in 0..3000usize {
+            let count = [2usize, 5000, 70_000][k % 3];
+            let mine: Vec<f32> = (0..count).map(|i| value(r + k, i) as f32).collect();
+            let mut out = vec![0.0f32; count];
+            c.all_reduce(&mine, &mut out, ReduceOp::Sum)
+                .map_err(|e| format!("iteration {k}: all_reduce: {e}"))?;
+            let ok =
+                (0..count).all(|i| out[i] == (0..n).map(|q| value(q + k, i)).sum::<i64>() as f32);
+            if !ok {
+                return Err(format!("rank {r}: iteration {k}: all_reduce is wrong"));
+            }
+            let mut b = [k as u64 * 7 + r as u64; 1];
+            c.broadcast_in_place(&mut b, k % n)
+                .map_err(|e| format!("iteration {k}: broadcast: {e}"))?;
+            if b[0] != k as u64 * 7 + (k % n) as u64 {
+                return Err(format!("rank {r}: iteration {k}: broadcast is wrong"));
+            }
+        }
+        Ok(())
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
     }
 }

@@ -287,13 +287,12 @@ impl Communicator {
             if let Some(e) = st.engine.refuse(&name) {
                 return Err(e);
             }
-            let turn = st.area_turns;
-            st.area_turns += 1;
             let timeout = inner.config.timeout;
+            let st = &mut *st;
             return area.all_reduce(
                 &mut st.engine,
                 &inner.flags,
-                (seq, turn),
+                (seq, &mut st.area_turns),
                 &plan,
                 input,
                 output,

@@ -160,7 +160,14 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     }
 
     // The group area serves when every peer is reached over shared memory.
-    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, config.direct_min));
+    let area = group.map(|a| {
+        AreaPath::new(
+            a,
+            rank,
+            everyone_direct,
+            config.direct_min..=config.direct_max,
+        )
+    });
     let flags = Arc::new(Flags::new());
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());

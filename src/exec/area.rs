@@ -1,16 +1,25 @@
 //! Collectives through the group area (ranks of one host only), with no messages and no
 //! schedule:
 //!
-//! - small all-reduces (up to [`AREA_BYTES`]): each rank publishes its contribution in its own
-//!   area buffer and reads everybody's — no system call; the path for sizes whose cost is
-//!   otherwise the machinery around a few bytes;
-//! - large all-reduces, when every rank can read every peer's memory (`process_vm_readv`): each
-//!   rank publishes the addresses of its buffers, reduces its slice reading every peer's input
-//!   in place, part by part, then copies the other slices straight out of their owners' outputs
-//!   as the owners publish progress. Every byte crosses once: about 5·S of memory traffic for
-//!   two ranks (the least an all-reduce of S bytes can move), against 9·S through message rings.
+//! - one-shot (up to 16 KiB): each rank publishes its contribution in its own area buffer and
+//!   reads everybody's — no system call; the path for sizes whose cost is otherwise the
+//!   machinery around a few bytes;
+//! - direct (from [`Config::direct_min`] to [`Config::direct_max`], when every rank can reach
+//!   every peer's memory with `process_vm_readv`/`process_vm_writev`): each rank publishes the
+//!   addresses of its buffers, then for its slice, part by part, reads each peer's input into
+//!   cache, folds, and writes the result to its own output and straight into every peer's. The
+//!   kernel copies page by page, which is fast while the buffers are in cache;
+//! - two-shot (everything else): through the area in pieces of [`STAGE_BYTES`], each rank
+//!   copies into its buffer the slices its peers reduce, reduces its own slice from their
+//!   copies, and copies every other slice's result from its owner's buffer. All copies are
+//!   user-space streams, which is what wins once the buffers no longer fit in cache.
 //!
-//! Contributions are folded in rank order, so all ranks get the same bits. While waiting for
+//! The crossovers were measured on the reference machine (see the README's performance section).
+//!
+//! [`Config::direct_min`]: crate::Config::direct_min
+//! [`Config::direct_max`]: crate::Config::direct_max
+//! Each element's result is folded once, by its slice's owner, and copied to everyone (one-shot:
+//! every rank folds all contributions in rank order), so all ranks get the same bits. While waiting for
 //! peers this path watches what the engine would: abort, the deadline, dead peers, failure
 //! notices, and a peer that started another collective (its descriptor arrives on a link) —
 //! which is reported as a mismatch, as in the engine.
@@ -18,14 +27,14 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, MAX_PARTS, Published};
+use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, Published};
 use oxccl_transport_shm::cma;
 
 use super::descriptor::Descriptor;
 use super::driver::{Engine, Flags, OpName};
 use crate::algo::{Algorithm, Collective, Plan};
 use crate::error::{Error, Result};
-use crate::reduce::cpu;
+use crate::reduce::{cpu, stream};
 use crate::types::{Rank, ReduceOp};
 
 /// Spin this long before yielding, when every rank of the host has a core of its own...
@@ -41,6 +50,17 @@ const CHECK_EVERY: Duration = Duration::from_millis(1);
 const PART_BYTES: usize = 128 * 1024;
 /// Largest all-reduce, in bytes, done one-shot (every rank reads every contribution whole).
 const ONE_SHOT_MAX: usize = 16 * 1024;
+/// Largest piece of a two-shot all-reduce, in bytes: larger ones go through the area in
+/// pieces of this size, one area turn each (a piece and its copies stay in L2).
+const STAGE_BYTES: usize = 1 << 20;
+/// Bytes reduced before the result is copied out (it is still in L1 then).
+const FOLD_BYTES: usize = 32 * 1024;
+/// Direct all-reduces at least this large write their output (out of place: nobody touched it
+/// lately) with non-temporal stores.
+const STREAM_MIN: usize = 256 * 1024;
+/// The same for two-shot all-reduces, counting the whole message: below it, inputs and outputs
+/// fit in cache together and normal stores win.
+const STAGED_STREAM_MIN: usize = 8 << 20;
 
 /// The shared-area path of one communicator.
 #[derive(Debug)]
@@ -49,8 +69,8 @@ pub struct AreaPath {
     rank: Rank,
     /// Every rank of the communicator can read every other's memory (agreed at setup).
     direct: bool,
-    /// Smallest all-reduce, in bytes, that reads peers' memory directly.
-    direct_min: usize,
+    /// Sizes of all-reduce, in bytes, that read and write peers' memory directly.
+    direct_bytes: std::ops::RangeInclusive<usize>,
     /// Where peers' parts land before they are reduced.
     scratch: Mutex<Vec<u64>>,
     /// How long to spin before yielding.
@@ -60,7 +80,12 @@ pub struct AreaPath {
 impl AreaPath {
     /// The path over `area` for `rank`; `direct` only if every rank agreed that all can read
     /// each other's memory.
-    pub fn new(area: Area, rank: Rank, direct: bool, direct_min: usize) -> AreaPath {
+    pub fn new(
+        area: Area,
+        rank: Rank,
+        direct: bool,
+        direct_bytes: std::ops::RangeInclusive<usize>,
+    ) -> AreaPath {
         let direct = direct && area.direct();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let spin = if area.len() > cores {
@@ -72,60 +97,74 @@ impl AreaPath {
             area,
             rank,
             direct,
-            direct_min,
+            direct_bytes,
             scratch: Mutex::new(Vec::new()),
             spin,
         }
     }
 
-    /// Whether `plan` runs here: an all-reduce that fits a buffer, or any all-reduce when
-    /// every rank reads the others' memory directly.
+    /// Whether `plan` runs here: every all-reduce does.
     pub fn takes(&self, plan: &Plan) -> bool {
-        plan.collective == Collective::AllReduce && self.way(plan).is_some()
+        plan.collective == Collective::AllReduce
     }
 
-    /// Which way `plan` goes, if through the area.
-    fn way(&self, plan: &Plan) -> Option<Way> {
-        let bytes = plan.count * plan.dtype.size();
-        if bytes <= ONE_SHOT_MAX {
-            Some(Way::OneShot)
-        } else if self.direct && bytes >= self.direct_min && self.parts(plan) <= MAX_PARTS {
-            Some(Way::Direct)
-        } else if bytes <= AREA_BYTES {
-            Some(Way::TwoShot)
+    /// Which way `plan` starts: every rank takes the same (it depends on the plan, which the
+    /// descriptors check, and on what setup agreed).
+    fn way(&self, plan: &Plan) -> Way {
+        if plan.count * plan.dtype.size() <= ONE_SHOT_MAX {
+            Way::OneShot
+        } else if self.direct {
+            Way::Direct
         } else {
-            None
+            Way::TwoShot
         }
     }
 
-    /// Parts of the largest slice of a direct all-reduce of `plan`.
-    fn parts(&self, plan: &Plan) -> u64 {
-        let n = self.area.len();
-        let biggest = plan.count.div_ceil(n) * plan.dtype.size();
-        biggest.div_ceil(PART_BYTES) as u64
+    /// Whether this rank would rather go direct for `bytes` (the sizes and placement where
+    /// that wins; ranks may be configured differently, so they publish this and go direct only
+    /// if all would).
+    fn wants_direct(&self, bytes: usize, in_place: bool) -> bool {
+        bytes >= *self.direct_bytes.start() && (bytes <= *self.direct_bytes.end() || in_place)
     }
 
-    /// The descriptor collective `seq` carries on this path.
-    pub fn descriptor(seq: u64, plan: &Plan) -> Descriptor {
-        Descriptor::collective(seq, plan, Algorithm::Direct, 0)
+    /// Elements per piece of a two-shot all-reduce of `plan`, and how many pieces.
+    fn piece(&self, plan: &Plan) -> usize {
+        (STAGE_BYTES.min(AREA_BYTES) / plan.dtype.size()).max(1)
+    }
+
+    fn pieces(&self, plan: &Plan) -> usize {
+        plan.count.div_ceil(self.piece(plan))
+    }
+
+    /// The descriptor collective `seq` carries on this path. Its slice size tells the ways
+    /// apart (the whole message one-shot, a piece two-shot, a part direct), so ranks whose
+    /// settings send one call different ways fail with a mismatch instead of misreading
+    /// each other's publications.
+    fn descriptor(&self, seq: u64, plan: &Plan) -> Descriptor {
+        let unit = match self.way(plan) {
+            Way::OneShot => plan.count * plan.dtype.size(),
+            Way::TwoShot => self.piece(plan) * plan.dtype.size(),
+            Way::Direct => PART_BYTES,
+        };
+        Descriptor::collective(seq, plan, Algorithm::Direct, unit)
     }
 
     /// All-reduce `input` into `output` (which may be the same memory) as collective `seq`,
-    /// the area's `turn`-th use (collectives on the engine do not touch the area, so its turns
-    /// are counted apart).
+    /// using the area's turns from `*turns` on and advancing it past those used (collectives
+    /// on the engine do not touch the area, so its turns are counted apart).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
         engine: &mut Engine,
         flags: &Flags,
-        (seq, turn): (u64, u64),
+        (seq, turns): (u64, &mut u64),
         plan: &Plan,
         input: (*const u8, usize),
         output: (*mut u8, usize),
         timeout: Duration,
     ) -> Result<()> {
         let name = OpName::Collective(plan.collective, seq);
-        let ours = Self::descriptor(seq, plan);
+        let ours = self.descriptor(seq, plan);
         let bytes = plan.count * plan.dtype.size();
         if input.1 < bytes || output.1 < bytes {
             return Err(Error::InvalidArgument(format!(
@@ -133,6 +172,7 @@ impl AreaPath {
                 self.rank
             )));
         }
+        let in_place = std::ptr::eq(input.0, output.0);
         let mut w = Waiter::new(
             engine,
             flags,
@@ -142,39 +182,56 @@ impl AreaPath {
             (timeout, self.spin),
             self.rank,
         );
+        let mut next = || {
+            *turns += 1;
+            *turns - 1
+        };
         match self.way(plan) {
-            Some(Way::OneShot) => self.small_all_reduce(&mut w, turn, plan, input, output),
-            Some(Way::TwoShot) => self.two_shot_all_reduce(&mut w, turn, plan, input, output),
-            Some(Way::Direct) => self.direct_all_reduce(&mut w, turn, plan, input, output),
-            None => Err(Error::InvalidArgument(format!(
-                "rank {}: {name}: not for the shared area",
-                self.rank
-            ))),
+            Way::OneShot => return self.small_all_reduce(&mut w, next(), plan, input, output),
+            Way::Direct => {
+                let want = self.wants_direct(bytes, in_place);
+                if self.direct_all_reduce(&mut w, next(), plan, input, output, want)? {
+                    return Ok(());
+                }
+                // Someone would rather not: two-shot after all.
+            }
+            Way::TwoShot => {}
         }
+        let (size, piece) = (plan.dtype.size(), self.piece(plan));
+        for k in 0..self.pieces(plan) {
+            let at = k * piece;
+            let count = piece.min(plan.count - at);
+            // SAFETY: both buffers hold `bytes` bytes (checked above); the piece is inside
+            // them.
+            let (i, o) = unsafe { (input.0.add(at * size), output.0.add(at * size)) };
+            let part = (count * size, in_place);
+            self.two_shot_piece(&mut w, next(), plan, part, i, o)?;
+        }
+        Ok(())
     }
 
-    /// Two-shot: each rank copies into its buffer the slices its peers reduce, reduces its own
-    /// slice reading the peers' copies, leaves the result in its buffer, and copies every other
-    /// slice's result from its owner's buffer. Shared memory only, no system call.
-    fn two_shot_all_reduce(
+    /// One piece of a two-shot all-reduce, `bytes` long at `input`/`output` (the same memory
+    /// when `in_place`): each rank copies into its buffer the slices its peers reduce, reduces
+    /// its own slice reading the peers' copies into its buffer and its output, and copies
+    /// every other slice's result from its owner's buffer. Shared memory only, no system call.
+    fn two_shot_piece(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
         plan: &Plan,
-        input: (*const u8, usize),
-        output: (*mut u8, usize),
+        (bytes, in_place): (usize, bool),
+        input: *const u8,
+        output: *mut u8,
     ) -> Result<()> {
         let (n, me) = (self.area.len(), self.rank);
         let size = plan.dtype.size();
-        let bytes = plan.count * size;
-        let in_place = std::ptr::eq(input.0, output.0);
-        let slice = slicer(plan.count, n, size);
+        let slice = slicer(bytes / size, n, size);
         let mine = self.area.my_buffer(turn);
         for q in (0..n).filter(|&q| q != me) {
             let (lo, hi) = slice(q);
-            // SAFETY: `input` holds `bytes` bytes and the buffer AREA_BYTES ≥ `bytes` (this
-            // way is taken only then); this rank owns its buffer (see `exchange`).
-            unsafe { std::ptr::copy_nonoverlapping(input.0.add(lo), mine.add(lo), hi - lo) };
+            // SAFETY: `input` holds `bytes` bytes and the buffer AREA_BYTES ≥ `bytes` (pieces
+            // are never larger); this rank owns its buffer (see `exchange`).
+            unsafe { std::ptr::copy_nonoverlapping(input.add(lo), mine.add(lo), hi - lo) };
         }
         // The publication says the copies are there.
         let mut all = Vec::with_capacity(n);
@@ -182,29 +239,53 @@ impl AreaPath {
             all.push(data);
             Ok(())
         })?;
-        let (lo, hi) = slice(me);
-        // SAFETY: `output` holds `bytes` bytes; `input` too, and is either the same memory
-        // (then only `out` is formed) or disjoint from it; peers' buffers hold their copies of
-        // this slice, unchanged until they publish `turn + 1`.
-        let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(lo), hi - lo) };
-        let mut first = true;
-        for (_, &data) in all.iter().enumerate().filter(|&(q, _)| q != me) {
-            // SAFETY: see above.
-            let theirs = unsafe { std::slice::from_raw_parts(data.add(lo), hi - lo) };
-            if first && !in_place {
-                // SAFETY: as above.
-                let a = unsafe { std::slice::from_raw_parts(input.0.add(lo), hi - lo) };
-                cpu::reduce_into_bytes(out, a, theirs, plan.dtype, plan.op.combiner())?;
+        let stream = !in_place && plan.count * size >= STAGED_STREAM_MIN;
+        let copy_out = |at: usize, from: *const u8, len: usize| {
+            // SAFETY: `output` holds `bytes` bytes and this range is ours to write (`input`, if
+            // the same memory, is done being read there); `from` is area memory, disjoint.
+            let (out, from) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(output.add(at), len),
+                    std::slice::from_raw_parts(from, len),
+                )
+            };
+            if stream {
+                stream::copy_streaming(out, from);
             } else {
-                cpu::reduce_bytes(out, theirs, plan.dtype, plan.op.combiner())?;
+                out.copy_from_slice(from);
             }
-            first = false;
+        };
+        // Our slice, a few KiB at a time: fold into our buffer, then copy to our output.
+        let (lo, hi) = slice(me);
+        let fold = FOLD_BYTES / size * size;
+        let mut at = lo;
+        while at < hi {
+            let len = fold.min(hi - at);
+            // SAFETY: our own buffer's slice, which peers read only after our progress below;
+            // `input` holds `bytes` bytes.
+            let (res, a) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(mine.add(at), len),
+                    std::slice::from_raw_parts(input.add(at), len),
+                )
+            };
+            let peers = all.iter().enumerate().filter(|&(q, _)| q != me);
+            for (k, (_, &data)) in peers.enumerate() {
+                // SAFETY: peers' buffers hold their copies of this slice, unchanged until they
+                // publish `turn + 1`.
+                let theirs = unsafe { std::slice::from_raw_parts(data.add(at), len) };
+                if k == 0 {
+                    cpu::reduce_into_bytes(res, a, theirs, plan.dtype, plan.op.combiner())?;
+                } else {
+                    cpu::reduce_bytes(res, theirs, plan.dtype, plan.op.combiner())?;
+                }
+            }
+            if plan.op == ReduceOp::Avg {
+                cpu::divide_bytes(res, plan.dtype, n)?;
+            }
+            copy_out(at, res.as_ptr(), len);
+            at += len;
         }
-        if plan.op == ReduceOp::Avg {
-            cpu::divide_bytes(out, plan.dtype, n)?;
-        }
-        // SAFETY: our own buffer's slice, not read by peers until the progress below.
-        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), mine.add(lo), hi - lo) };
         self.area.set_progress(turn, 1);
         for q in (1..n).map(|k| (me + k) % n) {
             let (lo, hi) = slice(q);
@@ -215,9 +296,9 @@ impl AreaPath {
                     Err(q)
                 }
             })?;
-            // SAFETY: rank q's result for its slice, complete (its progress said so) and
-            // unchanged until it publishes `turn + 1`; our output's range is ours.
-            unsafe { std::ptr::copy_nonoverlapping(all[q].add(lo), output.0.add(lo), hi - lo) };
+            // Rank q's result for its slice, complete (its progress said so) and unchanged
+            // until it publishes `turn + 1`.
+            copy_out(lo, all[q].wrapping_add(lo), hi - lo);
         }
         Ok(())
     }
@@ -314,30 +395,38 @@ impl AreaPath {
         plan: &Plan,
         input: (*const u8, usize),
         output: (*mut u8, usize),
-    ) -> Result<()> {
+        want: bool,
+    ) -> Result<bool> {
         let (n, me) = (self.area.len(), self.rank);
         let size = plan.dtype.size();
         let bytes = plan.count * size;
-        let in_place = std::ptr::eq(input.0, output.0);
         let slice = slicer(plan.count, n, size);
         let part = PART_BYTES / size * size;
+        let stream = !std::ptr::eq(input.0, output.0) && bytes >= STREAM_MIN;
 
-        self.area.set_progress(turn, 0);
-        let mut addrs = [0u8; 16];
+        // Publish our buffers' addresses and whether we would go direct.
+        let mut addrs = [0u8; 24];
         addrs[..8].copy_from_slice(&(input.0 as u64).to_le_bytes());
-        addrs[8..].copy_from_slice(&(output.0 as u64).to_le_bytes());
+        addrs[8..16].copy_from_slice(&(output.0 as u64).to_le_bytes());
+        addrs[16..].copy_from_slice(&u64::from(want).to_le_bytes());
         let mut peer_addrs: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let mut everyone = true;
         self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), bytes, |_, data| {
-            let mut a = [0u8; 16];
-            // SAFETY: every publication of this turn carries 16 bytes of addresses (the
-            // descriptors matched, so every rank took this path).
-            unsafe { std::ptr::copy_nonoverlapping(data, a.as_mut_ptr(), 16) };
+            let mut a = [0u8; 24];
+            // SAFETY: every publication of this turn carries 24 bytes (the descriptors
+            // matched, so every rank took this path).
+            unsafe { std::ptr::copy_nonoverlapping(data, a.as_mut_ptr(), 24) };
             let word = |i: usize| {
                 u64::from_le_bytes(a[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
             };
             peer_addrs.push((word(0), word(1)));
+            everyone &= word(2) == 1;
             Ok(())
         })?;
+        if !everyone {
+            // Nobody touches anyone's memory: every rank saw the same publications.
+            return Ok(false);
+        }
         // A failed read means the peer died or unmapped memory it promised to keep: either
         // way it failed.
         let opname = w.name.to_string();
@@ -345,20 +434,26 @@ impl AreaPath {
             rank: me,
             peer,
             op: opname.clone(),
-            cause: format!("reading its memory directly failed: {e}"),
+            cause: format!("reaching its memory directly failed: {e}"),
+        };
+        let fail = |w: &mut Waiter<'_>, e: Error| {
+            w.engine.fail_outside(&e);
+            e
         };
 
-        // Reduce-scatter: our slice, part by part, reading each peer's input in place.
+        // Our slice, part by part: read each peer's input into cache, fold, then write the
+        // result to our output and straight into every peer's output. Writing a peer's
+        // buffer is safe in place too: only we read that slice of it, and we just did.
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        scratch.resize(PART_BYTES / 8, 0);
-        let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+        scratch.resize(2 * PART_BYTES / 8, 0);
+        let (tmp, acc) =
+            bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES);
         let (lo, hi) = slice(me);
-        let mut done = 0u64;
         let mut at = lo;
         while at < hi {
             let len = part.min(hi - at);
-            let mut first = true;
-            for q in (0..n).filter(|&q| q != me) {
+            let (tmp, acc) = (&mut tmp[..len], &mut acc[..len]);
+            for (k, q) in (1..n).map(|k| (k, (me + k) % n)) {
                 // SAFETY: `tmp` is ours; the kernel checks the peer's range, which the peer
                 // keeps valid and unchanged until every rank finishes this turn.
                 unsafe {
@@ -369,69 +464,41 @@ impl AreaPath {
                         len,
                     )
                 }
-                .map_err(|e| {
-                    let e = read_err(q, e);
-                    w.engine.fail_outside(&e);
-                    e
-                })?;
-                // SAFETY: `output` holds `bytes` bytes; `input` too, and is either the same
-                // memory (then only `out` is formed) or disjoint from it.
-                let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(at), len) };
-                if first && !in_place {
-                    // SAFETY: as above.
-                    let a = unsafe { std::slice::from_raw_parts(input.0.add(at), len) };
-                    cpu::reduce_into_bytes(out, a, &tmp[..len], plan.dtype, plan.op.combiner())?;
+                .map_err(|e| fail(w, read_err(q, e)))?;
+                if k == 1 {
+                    // SAFETY: `input` holds `bytes` bytes.
+                    let mine = unsafe { std::slice::from_raw_parts(input.0.add(at), len) };
+                    cpu::reduce_into_bytes(acc, mine, tmp, plan.dtype, plan.op.combiner())?;
                 } else {
-                    cpu::reduce_bytes(out, &tmp[..len], plan.dtype, plan.op.combiner())?;
+                    cpu::reduce_bytes(acc, tmp, plan.dtype, plan.op.combiner())?;
                 }
-                first = false;
             }
             if plan.op == ReduceOp::Avg {
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(at), len) };
-                cpu::divide_bytes(out, plan.dtype, n)?;
+                cpu::divide_bytes(acc, plan.dtype, n)?;
+            }
+            // SAFETY: `output` holds `bytes` bytes; `input` is either the same memory, whose
+            // range we are done reading, or disjoint from it.
+            let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(at), len) };
+            if stream {
+                stream::copy_streaming(out, acc);
+            } else {
+                // In place, these lines were just read: they are in cache.
+                out.copy_from_slice(acc);
+            }
+            for q in (1..n).map(|k| (me + k) % n) {
+                // SAFETY: `acc` is ours; the peer keeps its output valid until every rank
+                // finishes this turn and does not touch this range of it meanwhile.
+                unsafe { cma::write(self.area.pid(q), peer_addrs[q].1 + at, acc.as_ptr(), len) }
+                    .map_err(|e| fail(w, read_err(q, e)))?;
             }
             at += len;
-            done += 1;
-            self.area.set_progress(turn, done);
         }
         drop(scratch);
 
-        // All-gather: every other slice straight from its owner's output, as it progresses.
-        for q in (1..n).map(|k| (me + k) % n) {
-            let (lo, hi) = slice(q);
-            let mut at = lo;
-            while at < hi {
-                let parts = w.until(|| {
-                    let p = self.area.progress(q, turn);
-                    (p as usize * part > at - lo || lo + p as usize * part >= hi)
-                        .then_some(p)
-                        .ok_or(q)
-                })?;
-                let upto = (lo + parts as usize * part).min(hi);
-                // SAFETY: `output` holds `bytes` bytes and this range of it is ours to write
-                // (in place, no peer reads it any more: its owner has finished these parts,
-                // which needed every rank's input there).
-                unsafe {
-                    cma::read(
-                        self.area.pid(q),
-                        peer_addrs[q].1 + at,
-                        output.0.add(at),
-                        upto - at,
-                    )
-                }
-                .map_err(|e| {
-                    let e = read_err(q, e);
-                    w.engine.fail_outside(&e);
-                    e
-                })?;
-                at = upto;
-            }
-        }
-        // Peers read our buffers until they finish: the caller gets them back only then.
+        // Peers reach our buffers until they finish: the caller gets them back only then.
         self.area.finish(turn);
         w.until(|| self.area.unfinished(turn).map_or(Ok(()), Err))?;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -440,9 +507,10 @@ impl AreaPath {
 enum Way {
     /// Everyone reads everyone's whole contribution (small).
     OneShot,
-    /// Reduce-scatter then all-gather through shared buffers (medium).
+    /// Reduce-scatter then all-gather through shared buffers, piece by piece.
     TwoShot,
-    /// Reduce-scatter then all-gather reading peers' memory (large).
+    /// Each rank reduces its slice reading peers' inputs and writes the result into every
+    /// output, by system calls.
     Direct,
 }
 
@@ -536,7 +604,8 @@ impl<'a> Waiter<'a> {
             }
             if now - self.checked >= CHECK_EVERY {
                 self.checked = now;
-                self.engine.check_outside(self.name, self.ours)?;
+                self.engine
+                    .check_outside(self.name, self.ours, &mut || ready().is_ok())?;
             }
             let idle = now - start;
             if idle >= YIELD {

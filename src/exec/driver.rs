@@ -1023,7 +1023,17 @@ impl Engine {
     /// that no peer died, sent a failure notice, or started a different collective (its
     /// descriptor waiting on the link). On any of these the communicator fails, peers are
     /// told, and the error is returned.
-    pub fn check_outside(&mut self, name: &OpName, ours: &Descriptor) -> Result<()> {
+    ///
+    /// A descriptor waiting on a link is a mismatch only if `settled` says that what this
+    /// rank waits for has still not happened: a peer that finished this collective (everything
+    /// any rank waits for in it happened before) may already have started the next one, whose
+    /// descriptor then stays on the link for the engine.
+    pub fn check_outside(
+        &mut self,
+        name: &OpName,
+        ours: &Descriptor,
+        settled: &mut dyn FnMut() -> bool,
+    ) -> Result<()> {
         let mut found: Option<Error> = None;
         for peer in 0..self.links.len() {
             let Some(link) = self.links[peer].as_mut() else {
@@ -1059,6 +1069,10 @@ impl Engine {
                 break;
             }
             if link.has_incoming() {
+                if settled() {
+                    // The peer is ahead; this rank is about to go on.
+                    return Ok(());
+                }
                 let theirs = self.read_descriptor(peer);
                 let e = Error::Mismatch {
                     rank: self.rank,

@@ -1,6 +1,6 @@
-//! Cross-memory attach: reading a local peer's memory directly with `process_vm_readv`, one
-//! copy instead of copy-in, copy-out. The peer hands over an address it keeps valid until this
-//! side says it is done.
+//! Cross-memory attach: reading and writing a local peer's memory directly with
+//! `process_vm_readv` / `process_vm_writev`, one copy instead of copy-in, copy-out. The peer hands
+//! over an address it keeps valid until this side says it is done.
 
 use std::io;
 
@@ -10,19 +10,48 @@ use std::io;
 ///
 /// `dst..dst+len` must be valid for writes and not accessed by anyone else during the call.
 pub unsafe fn read(pid: i32, addr: usize, dst: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { transfer(pid, addr, dst, len, Way::Read) }
+}
+
+/// Writes `len` bytes from `src` to `addr` in process `pid`.
+///
+/// # Safety
+///
+/// `src..src+len` must be valid for reads and not written by anyone during the call.
+pub unsafe fn write(pid: i32, addr: usize, src: *const u8, len: usize) -> io::Result<()> {
+    // SAFETY: forwarded from the caller (the kernel only reads local memory when writing).
+    unsafe { transfer(pid, addr, src.cast_mut(), len, Way::Write) }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Read,
+    Write,
+}
+
+/// # Safety
+///
+/// As [`read`] or [`write`], by `way`.
+unsafe fn transfer(pid: i32, addr: usize, local: *mut u8, len: usize, way: Way) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
-        let local = libc::iovec {
-            iov_base: dst.wrapping_add(done).cast(),
+        let here = libc::iovec {
+            iov_base: local.wrapping_add(done).cast(),
             iov_len: len - done,
         };
-        let remote = libc::iovec {
+        let there = libc::iovec {
             iov_base: (addr + done) as *mut libc::c_void,
             iov_len: len - done,
         };
         // SAFETY: one iovec each, both described above; the kernel checks the remote range and
         // the caller guarantees the local one.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        let n = unsafe {
+            match way {
+                Way::Read => libc::process_vm_readv(pid, &here, 1, &there, 1, 0),
+                Way::Write => libc::process_vm_writev(pid, &here, 1, &there, 1, 0),
+            }
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -33,7 +62,7 @@ pub unsafe fn read(pid: i32, addr: usize, dst: *mut u8, len: usize) -> io::Resul
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "process_vm_readv read nothing",
+                "process_vm_readv/writev moved nothing",
             ));
         }
         done += n as usize;

@@ -209,6 +209,20 @@ fn abort_unblocks_a_rank_waiting_on_the_area() {
 }
 
 /// Names in /dev/shm (empty if there is no such directory).
+/// Waits until every `fault_worker` rank (all-reducing `count` floats) has joined and finished
+/// one all-reduce.
+fn all_running(ranks: &[util::procs::Rank], count: &str) {
+    for (r, rank) in ranks.iter().enumerate() {
+        for want in ["ready", "iter"] {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not print {want} ({count})"));
+            assert!(line.starts_with(want), "rank {r} ({count}): {line}");
+        }
+    }
+}
+
 fn dev_shm() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/dev/shm")
         .map(|d| {
@@ -226,15 +240,7 @@ fn killing_every_rank_mid_collective_leaves_nothing_behind() {
     let before = dev_shm();
     // 4 Mi floats per all-reduce: two-shot in pieces, long enough to be killed inside.
     let (_store, mut ranks) = launch(3, "fault_worker", &["4194304", "100000"], |_| vec![]);
-    for (r, rank) in ranks.iter().enumerate() {
-        for want in ["ready", "iter"] {
-            let line = rank
-                .lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("rank {r} did not print {want}"));
-            assert!(line.starts_with(want), "rank {r}: {line}");
-        }
-    }
+    all_running(&ranks, "4194304");
     // While they run, their segments exist only as descriptors, never as names.
     let during = dev_shm();
     assert!(
@@ -292,15 +298,7 @@ fn a_killed_rank_fails_the_others_on_the_large_paths_promptly() {
 
 fn a_killed_rank_fails_the_others_promptly(count: &str) {
     let (_store, mut ranks) = launch(3, "fault_worker", &[count, "100000"], |_| vec![]);
-    for (r, rank) in ranks.iter().enumerate() {
-        for want in ["ready", "iter"] {
-            let line = rank
-                .lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("rank {r} did not print {want} ({count})"));
-            assert!(line.starts_with(want), "rank {r} ({count}): {line}");
-        }
-    }
+    all_running(&ranks, count);
     let killed = Instant::now();
     ranks[2].child.kill().expect("kill rank 2");
     for (r, rank) in ranks.iter_mut().enumerate().take(2) {

@@ -1,6 +1,10 @@
 //! Configuration: a builder with defaults, filled from `OXCCL_*` environment variables by
-//! [`Config::from_env`]. Plain data; nothing here opens sockets or reads files beyond the
-//! environment.
+//! [`Config::from_env`], checked by [`Config::validate`]. Plain data; nothing here opens sockets
+//! or reads files beyond the environment.
+//!
+//! Bad values are errors, never panics or hangs: [`Config::from_vars`] rejects what does not
+//! parse and then validates, and creating a communicator validates the configuration it is given,
+//! so values set through the builder or the public fields are checked at the same place.
 
 use std::time::Duration;
 
@@ -8,25 +12,29 @@ use crate::algo::{Algorithm, Choice};
 use crate::error::{Error, Result};
 
 /// How a communicator behaves. Every field has a default; [`Config::from_env`] overrides them
-/// from the environment.
+/// from the environment. The allowed ranges are checked by [`Config::validate`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Deadline of every wait: a collective, a connection, a store lookup (`OXCCL_TIMEOUT`,
-    /// seconds; default 300).
+    /// seconds; default 300; from [`Config::MIN_TIMEOUT`] to [`Config::MAX_TIMEOUT`]).
     pub timeout: Duration,
     /// Forces an algorithm where it applies (`OXCCL_ALGO`: ring, tree, hd, direct).
     pub algorithm: Option<Algorithm>,
-    /// Which transports may be used, in preference order (`OXCCL_TRANSPORTS`).
+    /// Which transports may be used, in preference order (`OXCCL_TRANSPORTS`): at least one,
+    /// each among [`TransportFilter::KNOWN`], none twice.
     pub transports: TransportFilter,
     /// Interfaces for TCP (`OXCCL_SOCKET_IFNAME`, NCCL_SOCKET_IFNAME syntax).
     pub socket_ifname: Option<String>,
-    /// This process's host identity, overriding discovery (`OXCCL_HOST_ID`).
+    /// This process's host identity, overriding discovery (`OXCCL_HOST_ID`; not empty, at most
+    /// [`Config::MAX_HOST_ID_BYTES`]).
     pub host_id: Option<String>,
     /// Largest message, in bytes: collectives are cut into slices of this size
-    /// (`OXCCL_SLICE_BYTES`; default 256 KiB).
+    /// (`OXCCL_SLICE_BYTES`; default 256 KiB; from [`Config::MIN_SLICE_BYTES`] to
+    /// [`Config::MAX_SLICE_BYTES`]).
     pub slice_bytes: usize,
-    /// Scratch slots per pipeline (`OXCCL_SCRATCH_SLOTS`; default 4): scratch memory per
-    /// communicator is at most a few times `slice_bytes × scratch_slots`.
+    /// Scratch slots per pipeline (`OXCCL_SCRATCH_SLOTS`; default 4; from 1 to
+    /// [`Config::MAX_SCRATCH_SLOTS`]): scratch memory per communicator is at most a few times
+    /// `slice_bytes × scratch_slots`.
     pub scratch_slots: usize,
     /// All-reduces between ranks of one host of at least this many bytes, up to
     /// [`Config::direct_max`] (any size in place), read and write each other's memory directly
@@ -65,29 +73,44 @@ impl Config {
     /// they still win (they write lines just read).
     pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
 
-    /// Defaults overridden by the `OXCCL_*` variables present in the environment.
+    /// The shortest [`Config::timeout`].
+    pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+    /// The longest [`Config::timeout`]: one year (31 536 000 s). Deadlines are computed as
+    /// `Instant::now() + timeout`; a year is far from where that can overflow, so no deadline
+    /// arithmetic anywhere can panic.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(31_536_000);
+    /// The smallest [`Config::slice_bytes`].
+    pub const MIN_SLICE_BYTES: usize = 64;
+    /// The largest [`Config::slice_bytes`]: 64 MiB.
+    pub const MAX_SLICE_BYTES: usize = 64 << 20;
+    /// The most [`Config::scratch_slots`] (the fewest is 1).
+    pub const MAX_SCRATCH_SLOTS: usize = 64;
+    /// The longest [`Config::host_id`], in bytes: it travels in a 16-bit length field, and no
+    /// real host name comes near it.
+    pub const MAX_HOST_ID_BYTES: usize = 1024;
+
+    /// Defaults overridden by the `OXCCL_*` variables present in the environment; an error names
+    /// a variable that does not parse or is out of range.
     pub fn from_env() -> Result<Config> {
         Config::from_vars(|k| std::env::var(k).ok())
     }
 
-    /// Defaults overridden by the variables `get` returns (for tests).
+    /// Defaults overridden by the variables `get` returns (for tests), then
+    /// [validated](Config::validate). Never panics, whatever the strings.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let mut c = Config::default();
         let bad =
             |var: &str, v: &str, why: &str| Error::InvalidArgument(format!("{var}={v:?}: {why}"));
         if let Some(v) = get("OXCCL_TIMEOUT") {
+            let why = "not a number of seconds from 0.001 to 31536000 (one year)";
             let secs: f64 = v
                 .trim()
                 .parse()
-                .map_err(|_| bad("OXCCL_TIMEOUT", &v, "not a number of seconds"))?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(bad(
-                    "OXCCL_TIMEOUT",
-                    &v,
-                    "must be a positive number of seconds",
-                ));
-            }
-            c.timeout = Duration::from_secs_f64(secs);
+                .map_err(|_| bad("OXCCL_TIMEOUT", &v, why))?;
+            // The checked conversion: negative, NaN, infinite and overflowing values are errors
+            // here; the range itself is checked by `validate`.
+            c.timeout =
+                Duration::try_from_secs_f64(secs).map_err(|_| bad("OXCCL_TIMEOUT", &v, why))?;
         }
         if let Some(v) = get("OXCCL_ALGO").filter(|v| !v.trim().is_empty()) {
             c.algorithm = Some(
@@ -101,53 +124,87 @@ impl Config {
         }
         c.socket_ifname = get("OXCCL_SOCKET_IFNAME").filter(|v| !v.trim().is_empty());
         c.host_id = get("OXCCL_HOST_ID").filter(|v| !v.trim().is_empty());
+        let number = |var: &str, v: &str, what: &str| -> Result<usize> {
+            v.trim().parse().map_err(|_| bad(var, v, what))
+        };
         if let Some(v) = get("OXCCL_SLICE_BYTES") {
-            let b: usize = v
-                .trim()
-                .parse()
-                .map_err(|_| bad("OXCCL_SLICE_BYTES", &v, "not a byte count"))?;
-            if !(64..=64 << 20).contains(&b) {
-                return Err(bad(
-                    "OXCCL_SLICE_BYTES",
-                    &v,
-                    "must be between 64 B and 64 MiB",
-                ));
-            }
-            c.slice_bytes = b;
+            c.slice_bytes = number("OXCCL_SLICE_BYTES", &v, "not a byte count")?;
         }
         if let Some(v) = get("OXCCL_DIRECT_MIN") {
-            c.direct_min = match v.trim() {
-                "off" => usize::MAX,
-                t => t
-                    .parse()
-                    .map_err(|_| bad("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`"))?,
+            c.direct_min = if v.trim().eq_ignore_ascii_case("off") {
+                usize::MAX
+            } else {
+                number("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`")?
             };
         }
         if let Some(v) = get("OXCCL_DIRECT_MAX") {
-            c.direct_max = v
-                .trim()
-                .parse()
-                .map_err(|_| bad("OXCCL_DIRECT_MAX", &v, "not a byte count"))?;
+            c.direct_max = number("OXCCL_DIRECT_MAX", &v, "not a byte count")?;
         }
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
-            let s: usize = v
-                .trim()
-                .parse()
-                .map_err(|_| bad("OXCCL_SCRATCH_SLOTS", &v, "not a count"))?;
-            if !(1..=64).contains(&s) {
-                return Err(bad("OXCCL_SCRATCH_SLOTS", &v, "must be between 1 and 64"));
-            }
-            c.scratch_slots = s;
+            c.scratch_slots = number("OXCCL_SCRATCH_SLOTS", &v, "not a count")?;
         }
+        c.validate()?;
         Ok(c)
     }
 
-    /// The same configuration with another deadline.
+    /// Checks every field against its allowed range; creating a communicator calls it, and so
+    /// does [`Config::from_vars`]. The error names the field, its variable and the range.
+    ///
+    /// [`Config::direct_min`] and [`Config::direct_max`] are thresholds: every value is allowed
+    /// (a `direct_min` above `direct_max` turns the direct path off).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, var: &str, value: &dyn std::fmt::Debug, why: String| {
+            Error::InvalidArgument(format!("{field} ({var}) is {value:?}: {why}"))
+        };
+        if !(Self::MIN_TIMEOUT..=Self::MAX_TIMEOUT).contains(&self.timeout) {
+            return Err(bad(
+                "timeout",
+                "OXCCL_TIMEOUT",
+                &self.timeout,
+                "must be from 1 ms to 31536000 s (one year), so that no deadline overflows".into(),
+            ));
+        }
+        if !(Self::MIN_SLICE_BYTES..=Self::MAX_SLICE_BYTES).contains(&self.slice_bytes) {
+            return Err(bad(
+                "slice_bytes",
+                "OXCCL_SLICE_BYTES",
+                &self.slice_bytes,
+                "must be from 64 B to 64 MiB (67108864)".into(),
+            ));
+        }
+        if !(1..=Self::MAX_SCRATCH_SLOTS).contains(&self.scratch_slots) {
+            return Err(bad(
+                "scratch_slots",
+                "OXCCL_SCRATCH_SLOTS",
+                &self.scratch_slots,
+                format!("must be from 1 to {}", Self::MAX_SCRATCH_SLOTS),
+            ));
+        }
+        if let Some(h) = &self.host_id
+            && (h.trim().is_empty() || h.len() > Self::MAX_HOST_ID_BYTES)
+        {
+            return Err(bad(
+                "host_id",
+                "OXCCL_HOST_ID",
+                &h.chars().take(64).collect::<String>(),
+                format!(
+                    "must not be blank and at most {} bytes long (this one has {})",
+                    Self::MAX_HOST_ID_BYTES,
+                    h.len()
+                ),
+            ));
+        }
+        self.transports.validate()
+    }
+
+    /// The same configuration with another deadline. One outside [`Config::MIN_TIMEOUT`] ..=
+    /// [`Config::MAX_TIMEOUT`] is rejected when a communicator is created.
     pub fn timeout(self, timeout: Duration) -> Config {
         Config { timeout, ..self }
     }
 
     /// With [`Config::direct_min`] set to `bytes` (`usize::MAX`: never reach peers directly).
+    /// Every value is allowed.
     pub fn direct_min(self, bytes: usize) -> Config {
         Config {
             direct_min: bytes,
@@ -155,7 +212,7 @@ impl Config {
         }
     }
 
-    /// With [`Config::direct_max`] set to `bytes`.
+    /// With [`Config::direct_max`] set to `bytes`. Every value is allowed.
     pub fn direct_max(self, bytes: usize) -> Config {
         Config {
             direct_max: bytes,
@@ -168,15 +225,27 @@ impl Config {
         Config { algorithm, ..self }
     }
 
-    /// The same configuration with other transports.
+    /// The same configuration with other transports. An empty list, an unknown name or one
+    /// named twice is rejected when a communicator is created.
     pub fn transports(self, transports: TransportFilter) -> Config {
         Config { transports, ..self }
     }
 
-    /// The same configuration with another slice size.
+    /// The same configuration with another slice size. One outside
+    /// [`Config::MIN_SLICE_BYTES`] ..= [`Config::MAX_SLICE_BYTES`] is rejected when a
+    /// communicator is created.
     pub fn slice_bytes(self, slice_bytes: usize) -> Config {
         Config {
             slice_bytes,
+            ..self
+        }
+    }
+
+    /// The same configuration with another scratch depth. One outside 1 ..=
+    /// [`Config::MAX_SCRATCH_SLOTS`] is rejected when a communicator is created.
+    pub fn scratch_slots(self, scratch_slots: usize) -> Config {
+        Config {
+            scratch_slots,
             ..self
         }
     }
@@ -210,6 +279,32 @@ impl TransportFilter {
     /// Whether `name` may be used.
     pub fn allows(&self, name: &str) -> bool {
         self.order.iter().any(|n| n == name)
+    }
+
+    /// Checks that at least one transport is left, each is known and none is named twice
+    /// ([`TransportFilter::only`] takes any names; this is where they are checked).
+    fn validate(&self) -> Result<()> {
+        let bad = |why: String| {
+            Error::InvalidArgument(format!(
+                "transports (OXCCL_TRANSPORTS) is {:?}: {why}",
+                self.order
+            ))
+        };
+        if self.order.is_empty() {
+            return Err(bad("no transport is left".into()));
+        }
+        for (i, n) in self.order.iter().enumerate() {
+            if !Self::KNOWN.contains(&n.as_str()) {
+                return Err(bad(format!(
+                    "unknown transport {n:?} (known: {})",
+                    Self::KNOWN.join(", ")
+                )));
+            }
+            if self.order[..i].contains(n) {
+                return Err(bad(format!("{n:?} is named twice")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -293,14 +388,80 @@ mod tests {
         for (k, v) in [
             ("OXCCL_TIMEOUT", "soon"),
             ("OXCCL_TIMEOUT", "-1"),
+            ("OXCCL_TIMEOUT", "0"),
+            ("OXCCL_TIMEOUT", "0.0009"),
+            ("OXCCL_TIMEOUT", "31536000.5"),
+            ("OXCCL_TIMEOUT", "1e20"),
+            ("OXCCL_TIMEOUT", "NaN"),
+            ("OXCCL_TIMEOUT", "inf"),
             ("OXCCL_ALGO", "bogus"),
             ("OXCCL_TRANSPORTS", "carrier-pigeon"),
             ("OXCCL_TRANSPORTS", "^loopback,shm,rdma,tcp"),
+            ("OXCCL_TRANSPORTS", "shm,tcp,shm"),
             ("OXCCL_SLICE_BYTES", "1"),
+            ("OXCCL_SLICE_BYTES", "67108865"),
             ("OXCCL_SCRATCH_SLOTS", "0"),
+            ("OXCCL_SCRATCH_SLOTS", "65"),
+            ("OXCCL_DIRECT_MIN", "-1"),
+            ("OXCCL_DIRECT_MAX", "lots"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_range_ends_are_accepted_and_the_longest_deadline_does_not_overflow() {
+        let c = Config::from_vars(vars(&[
+            ("OXCCL_TIMEOUT", "0.001"),
+            ("OXCCL_SLICE_BYTES", "64"),
+            ("OXCCL_SCRATCH_SLOTS", "64"),
+            ("OXCCL_DIRECT_MIN", "off"),
+            ("OXCCL_DIRECT_MAX", "18446744073709551615"),
+        ]))
+        .unwrap();
+        assert_eq!(c.timeout, Config::MIN_TIMEOUT);
+        assert_eq!(c.direct_min, usize::MAX);
+        let c = Config::from_vars(vars(&[
+            ("OXCCL_TIMEOUT", "31536000"),
+            ("OXCCL_SLICE_BYTES", "67108864"),
+            ("OXCCL_SCRATCH_SLOTS", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(c.timeout, Config::MAX_TIMEOUT);
+        let _ = std::time::Instant::now() + c.timeout;
+    }
+
+    #[test]
+    fn validate_checks_what_the_builder_and_the_fields_set() {
+        assert!(Config::default().validate().is_ok());
+        let host = |h: &str| Config {
+            host_id: Some(h.into()),
+            ..Config::default()
+        };
+        for (c, field) in [
+            (Config::default().timeout(Duration::ZERO), "timeout"),
+            (Config::default().timeout(Duration::MAX), "timeout"),
+            (Config::default().slice_bytes(0), "slice_bytes"),
+            (Config::default().slice_bytes(usize::MAX), "slice_bytes"),
+            (Config::default().scratch_slots(0), "scratch_slots"),
+            (host(" "), "host_id"),
+            (host(&"h".repeat(Config::MAX_HOST_ID_BYTES + 1)), "host_id"),
+            (
+                Config::default().transports(TransportFilter::only(&[])),
+                "transports",
+            ),
+            (
+                Config::default().transports(TransportFilter::only(&["pigeon"])),
+                "transports",
+            ),
+            (
+                Config::default().transports(TransportFilter::only(&["tcp", "tcp"])),
+                "transports",
+            ),
+        ] {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
         }
     }
 

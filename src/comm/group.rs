@@ -100,7 +100,7 @@ impl<'a> Group<'a> {
             // so they are valid and cannot overlap.
             unsafe { std::ptr::copy_nonoverlapping(s.2, r.2, s.3) };
         }
-        let slice = comm.inner.slice_bytes;
+        let slice = comm.inner.means.slice_bytes.max(1);
         let mut messages = Vec::new();
         let mut totals: Vec<(Rank, u64, u64)> = Vec::new();
         for &(peer, send, ptr, len) in self.ops.iter().filter(|o| o.0 != me) {

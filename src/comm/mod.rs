@@ -26,12 +26,11 @@ use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::exec::area::AreaPath;
 use crate::exec::descriptor::Descriptor;
 use crate::exec::driver::{Engine, Flags, OpName, OpResult, Operation, Work};
 use crate::exec::progress::Compiled;
 use crate::topo::Topology;
-use crate::tune;
+use crate::tune::{self, Decision, Route};
 use crate::types::Rank;
 use setup::Boot;
 
@@ -55,12 +54,10 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     boot: Boot,
     background: Background,
-    /// Slice size actually used: the configured one, capped by what every link carries.
-    slice_bytes: usize,
+    /// What the routing decision may use, the same on every rank.
+    means: tune::Means,
     /// Per peer, the transport of its link.
     link_names: Vec<Option<&'static str>>,
-    /// The shared group area, when every peer is on this host over shared memory.
-    area: Option<AreaPath>,
 }
 
 /// Everything that changes per call, under one lock.
@@ -68,8 +65,6 @@ struct State {
     engine: Engine,
     /// Sequence number of the next collective.
     collectives: u64,
-    /// Number of collectives run through the group area so far (its buffers' own count).
-    area_turns: u64,
     /// Per peer, sequence number of the next point-to-point group involving it.
     groups: Vec<u64>,
     /// Number of splits so far (names the children's store namespaces).
@@ -95,6 +90,7 @@ impl Communicator {
     /// when the launcher does not.
     pub fn init(config: Config) -> Result<Communicator> {
         crate::logging::init();
+        config.validate()?;
         let rv = Rendezvous::from_env()?.ok_or_else(|| {
             Error::Bootstrap(
                 "no launcher environment found: run under oxrun, torchrun, srun or mpirun \
@@ -125,6 +121,7 @@ impl Communicator {
         config: Config,
     ) -> Result<Communicator> {
         crate::logging::init();
+        config.validate()?;
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
                 "init_rank: rank {rank} is not a rank of a communicator of {nranks} ranks"
@@ -148,6 +145,7 @@ impl Communicator {
     /// they talk through in-process queues; `config.transports` can force TCP over loopback.
     pub fn init_local(n: usize, config: Config) -> Result<Vec<Communicator>> {
         crate::logging::init();
+        config.validate()?;
         if n == 0 {
             return Err(Error::InvalidArgument(
                 "init_local: a communicator needs at least one rank".into(),
@@ -218,19 +216,24 @@ impl Communicator {
         &self.inner.link_names
     }
 
-    /// What this communicator would run for `plan`: the algorithm and slicing the tuner
-    /// picks (or `OXCCL_ALGO` forces), and a line saying why.
-    pub fn explain(&self, plan: &Plan) -> (Choice, &'static str) {
-        let (mut choice, why) = tune::choose(plan, &self.inner.topo, &self.inner.config);
-        choice.slice_bytes = self.inner.slice_bytes;
-        (choice, why)
+    /// How this communicator runs `plan`, the same on every rank and for every form of the
+    /// call (blocking, asynchronous): the route the routing decision takes — through the shared
+    /// area of ranks on one host, or a schedule with its algorithm and slicing (the one
+    /// `OXCCL_ALGO` forces, where it applies) — and a line saying why.
+    pub fn explain(&self, plan: &Plan) -> Decision {
+        tune::decide(plan, &self.inner.means, &self.inner.config)
     }
 
     /// Aborts the communicator from any thread: every running and later call fails with
-    /// [`Error::Aborted`] and peers are told (their calls fail with [`Error::PeerFailed`]).
-    /// Irreversible; the connections close when the communicator is dropped.
+    /// [`Error::Aborted`], and every peer is told at once, idle or not (their running or next
+    /// call fails with [`Error::PeerFailed`] naming this rank). Returns once the running call,
+    /// if any, has stopped. Irreversible; the connections close when the communicator is
+    /// dropped.
     pub fn abort(&self) {
         self.inner.flags.abort();
+        // A thread driving the engine sees the flag at its next pass (the flag's waker ends
+        // its sleep) and lets go of the lock; when nobody drives, this thread tells the peers.
+        self.inner.lock().engine.abort_now();
     }
 
     /// Splits this communicator (MPI_Comm_split): every rank calls it; ranks passing the same
@@ -272,33 +275,7 @@ impl Communicator {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
-        let inner = &*self.inner;
-        let mut st = inner.lock();
-        if let Some(area) = inner
-            .area
-            .as_ref()
-            .filter(|a| inner.config.algorithm.is_none() && a.takes(&plan))
-        {
-            // Earlier asynchronous work completes first: collectives run in call order.
-            st.engine.drain();
-            let seq = st.collectives;
-            st.collectives += 1;
-            let name = OpName::Collective(plan.collective, seq);
-            if let Some(e) = st.engine.refuse(&name) {
-                return Err(e);
-            }
-            let timeout = inner.config.timeout;
-            let st = &mut *st;
-            return area.all_reduce(
-                &mut st.engine,
-                &inner.flags,
-                (seq, &mut st.area_turns),
-                &plan,
-                input,
-                output,
-                timeout,
-            );
-        }
+        let mut st = self.inner.lock();
         let result = Arc::new(OpResult::default());
         self.inner
             .submit(&mut st, plan, input, output, result.clone())?;
@@ -339,40 +316,55 @@ impl Inner {
         output: (*mut u8, usize),
         result: Arc<OpResult>,
     ) -> Result<()> {
-        let (mut choice, why) = tune::choose(&plan, &self.topo, &self.config);
-        choice.slice_bytes = self.slice_bytes;
-        let key = (plan, choice);
-        let schedule = match st.cache.get(&key) {
-            Some(s) => s.clone(),
-            None => {
-                let s = algo::schedule(&plan, &choice, self.rank, self.size).map_err(|e| {
-                    Error::InvalidArgument(format!("rank {}: {}: {e}", self.rank, plan.collective))
-                })?;
-                tracing::debug!(rank = self.rank, collective = %plan.collective, count = plan.count,
-                    algorithm = %choice.algorithm, steps = s.len(), "planned: {why}");
-                if st.cache.len() >= CACHE_ENTRIES {
-                    st.cache.clear();
+        let decision = tune::decide(&plan, &self.means, &self.config);
+        let seq = st.collectives;
+        let work = match decision.route {
+            Route::Area(way) => Work::Area { plan, way, seq },
+            Route::Schedule(choice) => {
+                let schedule = self.schedule(st, plan, choice, decision.why)?;
+                let descriptor =
+                    Descriptor::collective(seq, &plan, choice.algorithm, choice.slice_bytes);
+                Work::Schedule {
+                    schedule,
+                    descriptor,
+                    dtype: plan.dtype,
                 }
-                let s = Arc::new(Compiled::new(s));
-                st.cache.insert(key, s.clone());
-                s
             }
         };
-        let seq = st.collectives;
         st.collectives += 1;
-        let descriptor = Descriptor::collective(seq, &plan, choice.algorithm, choice.slice_bytes);
         st.engine.submit(Operation {
             name: OpName::Collective(plan.collective, seq),
-            work: Work::Schedule {
-                schedule,
-                descriptor,
-                dtype: plan.dtype,
-            },
+            work,
             input,
             output,
             result,
         });
         Ok(())
+    }
+
+    /// This rank's schedule of `plan` with `choice`, planned once and then cached.
+    fn schedule(
+        &self,
+        st: &mut State,
+        plan: Plan,
+        choice: Choice,
+        why: &str,
+    ) -> Result<Arc<Compiled>> {
+        let key = (plan, choice);
+        if let Some(s) = st.cache.get(&key) {
+            return Ok(s.clone());
+        }
+        let s = algo::schedule(&plan, &choice, self.rank, self.size).map_err(|e| {
+            Error::InvalidArgument(format!("rank {}: {}: {e}", self.rank, plan.collective))
+        })?;
+        tracing::debug!(rank = self.rank, collective = %plan.collective, count = plan.count,
+            algorithm = %choice.algorithm, steps = s.len(), "planned: {why}");
+        if st.cache.len() >= CACHE_ENTRIES {
+            st.cache.clear();
+        }
+        let s = Arc::new(Compiled::new(s));
+        st.cache.insert(key, s.clone());
+        Ok(s)
     }
 
     /// Wakes (starting it if needed) the thread that drives asynchronous operations.

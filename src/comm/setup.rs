@@ -20,6 +20,7 @@ use crate::exec::area::AreaPath;
 use crate::exec::descriptor;
 use crate::exec::driver::{Engine, Flags};
 use crate::topo::{self, Topology};
+use crate::tune;
 use crate::types::Rank;
 
 /// How a communicator finds its peers: the store, its namespace in it, the job secret, and for
@@ -72,6 +73,7 @@ const SHM_SLOTS: usize = 4;
 
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
+    config.validate()?;
     let deadline = Instant::now() + config.timeout;
     let store = PrefixStore::new(boot.store.clone(), boot.prefix.clone());
     let host = topo::host_id(config.host_id.as_deref());
@@ -160,17 +162,17 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     }
 
     // The group area serves when every peer is reached over shared memory.
-    let area = group.map(|a| {
-        AreaPath::new(
-            a,
-            rank,
-            everyone_direct,
-            config.direct_min..=config.direct_max,
-        )
-    });
+    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct));
     let flags = Arc::new(Flags::new());
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());
+    let means = tune::Means {
+        nranks: size,
+        area: area.is_some(),
+        direct: area.as_ref().is_some_and(AreaPath::direct),
+        slice_bytes,
+    };
+    let engine = engine.with_area(area);
     tracing::debug!(
         rank,
         size,
@@ -192,16 +194,14 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             state: Mutex::new(State {
                 engine,
                 collectives: 0,
-                area_turns: 0,
                 groups: vec![0; size],
                 splits: 0,
                 cache: Default::default(),
             }),
             boot,
             background: Background::default(),
-            slice_bytes,
+            means,
             link_names,
-            area,
         }),
     })
 }

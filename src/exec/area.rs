@@ -28,13 +28,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, Published};
-use oxccl_transport_shm::cma;
 
 use super::descriptor::Descriptor;
 use super::driver::{Engine, Flags, OpName};
-use crate::algo::{Algorithm, Collective, Plan};
+use crate::algo::{Algorithm, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::{cpu, stream};
+use crate::tune::Way;
 use crate::types::{Rank, ReduceOp};
 
 /// Spin this long before yielding, when every rank of the host has a core of its own...
@@ -48,8 +48,6 @@ const CHECK_EVERY: Duration = Duration::from_millis(1);
 /// Bytes of one part of a direct all-reduce: what is read from a peer into cache and reduced
 /// before the next read (stays in L2).
 const PART_BYTES: usize = 128 * 1024;
-/// Largest all-reduce, in bytes, done one-shot (every rank reads every contribution whole).
-const ONE_SHOT_MAX: usize = 16 * 1024;
 /// Largest piece of a two-shot all-reduce, in bytes: larger ones go through the area in
 /// pieces of this size, one area turn each (a piece and its copies stay in L2).
 const STAGE_BYTES: usize = 1 << 20;
@@ -69,8 +67,6 @@ pub struct AreaPath {
     rank: Rank,
     /// Every rank of the communicator can read every other's memory (agreed at setup).
     direct: bool,
-    /// Sizes of all-reduce, in bytes, that read and write peers' memory directly.
-    direct_bytes: std::ops::RangeInclusive<usize>,
     /// Where peers' parts land before they are reduced.
     scratch: Mutex<Vec<u64>>,
     /// How long to spin before yielding.
@@ -80,12 +76,7 @@ pub struct AreaPath {
 impl AreaPath {
     /// The path over `area` for `rank`; `direct` only if every rank agreed that all can read
     /// each other's memory.
-    pub fn new(
-        area: Area,
-        rank: Rank,
-        direct: bool,
-        direct_bytes: std::ops::RangeInclusive<usize>,
-    ) -> AreaPath {
+    pub fn new(area: Area, rank: Rank, direct: bool) -> AreaPath {
         let direct = direct && area.direct();
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let spin = if area.len() > cores {
@@ -97,34 +88,28 @@ impl AreaPath {
             area,
             rank,
             direct,
-            direct_bytes,
             scratch: Mutex::new(Vec::new()),
             spin,
         }
     }
 
-    /// Whether `plan` runs here: every all-reduce does.
-    pub fn takes(&self, plan: &Plan) -> bool {
-        plan.collective == Collective::AllReduce
+    /// Whether every rank can reach every peer's memory directly (agreed at setup).
+    pub fn direct(&self) -> bool {
+        self.direct
     }
 
-    /// Which way `plan` starts: every rank takes the same (it depends on the plan, which the
-    /// descriptors check, and on what setup agreed).
-    fn way(&self, plan: &Plan) -> Way {
-        if plan.count * plan.dtype.size() <= ONE_SHOT_MAX {
-            Way::OneShot
-        } else if self.direct {
-            Way::Direct
-        } else {
-            Way::TwoShot
+    /// How the ranks run `way` here: one-shot as it is; the direct and two-shot ways, when
+    /// every rank can reach every peer's memory, start with one turn where ranks publish their
+    /// addresses and whether they ask for direct (they go direct only if all do: placement may
+    /// differ between ranks); two-shot alone otherwise.
+    fn protocol(&self, way: Way) -> Protocol {
+        match way {
+            Way::OneShot => Protocol::OneShot,
+            _ if self.direct => Protocol::Agree {
+                direct: way == Way::Direct,
+            },
+            _ => Protocol::TwoShot,
         }
-    }
-
-    /// Whether this rank would rather go direct for `bytes` (the sizes and placement where
-    /// that wins; ranks may be configured differently, so they publish this and go direct only
-    /// if all would).
-    fn wants_direct(&self, bytes: usize, in_place: bool) -> bool {
-        bytes >= *self.direct_bytes.start() && (bytes <= *self.direct_bytes.end() || in_place)
     }
 
     /// Elements per piece of a two-shot all-reduce of `plan`, and how many pieces.
@@ -140,11 +125,11 @@ impl AreaPath {
     /// apart (the whole message one-shot, a piece two-shot, a part direct), so ranks whose
     /// settings send one call different ways fail with a mismatch instead of misreading
     /// each other's publications.
-    fn descriptor(&self, seq: u64, plan: &Plan) -> Descriptor {
-        let unit = match self.way(plan) {
-            Way::OneShot => plan.count * plan.dtype.size(),
-            Way::TwoShot => self.piece(plan) * plan.dtype.size(),
-            Way::Direct => PART_BYTES,
+    fn descriptor(&self, seq: u64, plan: &Plan, protocol: Protocol) -> Descriptor {
+        let unit = match protocol {
+            Protocol::OneShot => plan.count * plan.dtype.size(),
+            Protocol::TwoShot => self.piece(plan) * plan.dtype.size(),
+            Protocol::Agree { .. } => PART_BYTES,
         };
         Descriptor::collective(seq, plan, Algorithm::Direct, unit)
     }
@@ -158,13 +143,14 @@ impl AreaPath {
         engine: &mut Engine,
         flags: &Flags,
         (seq, turns): (u64, &mut u64),
-        plan: &Plan,
+        (plan, way): (&Plan, Way),
         input: (*const u8, usize),
         output: (*mut u8, usize),
         timeout: Duration,
     ) -> Result<()> {
         let name = OpName::Collective(plan.collective, seq);
-        let ours = self.descriptor(seq, plan);
+        let protocol = self.protocol(way);
+        let ours = self.descriptor(seq, plan, protocol);
         let bytes = plan.count * plan.dtype.size();
         if input.1 < bytes || output.1 < bytes {
             return Err(Error::InvalidArgument(format!(
@@ -186,16 +172,23 @@ impl AreaPath {
             *turns += 1;
             *turns - 1
         };
-        match self.way(plan) {
-            Way::OneShot => return self.small_all_reduce(&mut w, next(), plan, input, output),
-            Way::Direct => {
-                let want = self.wants_direct(bytes, in_place);
-                if self.direct_all_reduce(&mut w, next(), plan, input, output, want)? {
+        match protocol {
+            Protocol::OneShot => {
+                if bytes > AREA_BYTES {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {}: {name}: {bytes} bytes do not fit the area one-shot",
+                        self.rank
+                    )));
+                }
+                return self.small_all_reduce(&mut w, next(), plan, input, output);
+            }
+            Protocol::Agree { direct } => {
+                if self.direct_all_reduce(&mut w, next(), plan, input, output, direct)? {
                     return Ok(());
                 }
                 // Someone would rather not: two-shot after all.
             }
-            Way::TwoShot => {}
+            Protocol::TwoShot => {}
         }
         let (size, piece) = (plan.dtype.size(), self.piece(plan));
         for k in 0..self.pieces(plan) {
@@ -387,8 +380,30 @@ impl AreaPath {
         Ok(())
     }
 
-    /// The direct all-reduce: see the module's documentation.
+    /// The direct all-reduce: see the module's documentation. Returns `Ok(false)` when some
+    /// rank did not ask for it (then nobody touched anyone's memory).
+    ///
+    /// Peers reach this rank's buffers from the moment it publishes their addresses. So once
+    /// published, it returns — with a result or an error — only when no peer can touch them
+    /// any more: on success, once every rank finished (left its loop); on any error, after
+    /// [`AreaPath::stop_touching`].
     fn direct_all_reduce(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+        want: bool,
+    ) -> Result<bool> {
+        let r = self.direct_inner(w, turn, plan, input, output, want);
+        if r.is_err() {
+            self.stop_touching(w, turn);
+        }
+        r
+    }
+
+    fn direct_inner(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
@@ -417,7 +432,9 @@ impl AreaPath {
             // matched, so every rank took this path).
             unsafe { std::ptr::copy_nonoverlapping(data, a.as_mut_ptr(), 24) };
             let word = |i: usize| {
-                u64::from_le_bytes(a[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&a[i * 8..i * 8 + 8]);
+                u64::from_le_bytes(b) as usize
             };
             peer_addrs.push((word(0), word(1)));
             everyone &= word(2) == 1;
@@ -430,7 +447,7 @@ impl AreaPath {
         // A failed read means the peer died or unmapped memory it promised to keep: either
         // way it failed.
         let opname = w.name.to_string();
-        let read_err = |peer: Rank, e: std::io::Error| Error::PeerFailed {
+        let reach_err = |peer: Rank, e: std::io::Error| Error::PeerFailed {
             rank: me,
             peer,
             op: opname.clone(),
@@ -441,6 +458,9 @@ impl AreaPath {
             e
         };
 
+        // From here this rank may touch peers' memory: say so before looking whether anyone
+        // gave up (the order that makes `stop_touching` sound).
+        self.area.enter(turn);
         // Our slice, part by part: read each peer's input into cache, fold, then write the
         // result to our output and straight into every peer's output. Writing a peer's
         // buffer is safe in place too: only we read that slice of it, and we just did.
@@ -451,20 +471,19 @@ impl AreaPath {
         let (lo, hi) = slice(me);
         let mut at = lo;
         while at < hi {
+            // Before touching any peer: has anyone given up, aborted, timed out, failed?
+            w.check_running(turn)?;
             let len = part.min(hi - at);
             let (tmp, acc) = (&mut tmp[..len], &mut acc[..len]);
             for (k, q) in (1..n).map(|k| (k, (me + k) % n)) {
                 // SAFETY: `tmp` is ours; the kernel checks the peer's range, which the peer
-                // keeps valid and unchanged until every rank finishes this turn.
+                // keeps valid and unchanged until every rank finishes this turn or stops
+                // touching it (`stop_touching`), and no rank gave up when we last looked.
                 unsafe {
-                    cma::read(
-                        self.area.pid(q),
-                        peer_addrs[q].0 + at,
-                        tmp.as_mut_ptr(),
-                        len,
-                    )
+                    self.area
+                        .read_from(q, peer_addrs[q].0 + at, tmp.as_mut_ptr(), len)
                 }
-                .map_err(|e| fail(w, read_err(q, e)))?;
+                .map_err(|e| fail(w, reach_err(q, e)))?;
                 if k == 1 {
                     // SAFETY: `input` holds `bytes` bytes.
                     let mine = unsafe { std::slice::from_raw_parts(input.0.add(at), len) };
@@ -487,31 +506,88 @@ impl AreaPath {
             }
             for q in (1..n).map(|k| (me + k) % n) {
                 // SAFETY: `acc` is ours; the peer keeps its output valid until every rank
-                // finishes this turn and does not touch this range of it meanwhile.
-                unsafe { cma::write(self.area.pid(q), peer_addrs[q].1 + at, acc.as_ptr(), len) }
-                    .map_err(|e| fail(w, read_err(q, e)))?;
+                // finishes this turn or stops touching it, and does not touch this range of
+                // it meanwhile.
+                unsafe {
+                    self.area
+                        .write_to(q, peer_addrs[q].1 + at, acc.as_ptr(), len)
+                }
+                .map_err(|e| fail(w, reach_err(q, e)))?;
             }
             at += len;
         }
         drop(scratch);
 
-        // Peers reach our buffers until they finish: the caller gets them back only then.
+        // Done touching peers; they reach our buffers until they finish too: the caller gets
+        // them back only then. A rank that gave up instead never finishes.
+        self.area.leave();
         self.area.finish(turn);
-        w.until(|| self.area.unfinished(turn).map_or(Ok(()), Err))?;
-        Ok(true)
+        let gave_up = w.until(|| {
+            if self.area.unfinished(turn).is_none() {
+                Ok(None)
+            } else if let Some(r) = self.area.abandoned(turn) {
+                Ok(Some(r))
+            } else {
+                Err(self.area.unfinished(turn).unwrap_or(me))
+            }
+        })?;
+        match gave_up {
+            None => Ok(true),
+            Some(peer) => Err(w.gave_up(peer)),
+        }
+    }
+
+    /// After an error in a direct all-reduce whose addresses this rank published: tells every
+    /// rank it gave up, stops touching peers, and waits until no peer can touch this rank's
+    /// buffers — every peer has left its loop, or exited. Peers look before every part (a few
+    /// dozen microseconds of copying), so this is prompt; it has no deadline of its own and
+    /// ignores abort, since returning earlier would hand the caller memory a peer may still
+    /// write. A peer frozen in the middle of a part (stopped by a debugger or SIGSTOP) holds
+    /// this rank until it goes on or exits; that is logged once a timeout.
+    fn stop_touching(&self, w: &mut Waiter<'_>, turn: u64) {
+        self.area.abandon(turn);
+        self.area.leave();
+        let started = Instant::now();
+        let mut warned = started;
+        let mut spins = 0u32;
+        for q in (0..self.area.len()).filter(|&q| q != self.rank) {
+            while self.area.touching(q, turn) && self.area.peer_alive(q) {
+                spins = spins.wrapping_add(1);
+                if spins < 256 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if warned.elapsed() >= w.timeout {
+                    warned = Instant::now();
+                    tracing::error!(
+                        rank = self.rank,
+                        peer = q,
+                        op = %w.name,
+                        "rank {q} still reaches this rank's buffers after {:?}; waiting until it \
+                         stops or exits",
+                        started.elapsed()
+                    );
+                }
+                self.area
+                    .sleep_on(q, CHECK_EVERY, || !self.area.touching(q, turn));
+            }
+        }
     }
 }
 
-/// The ways through the area.
+/// How the ranks go through the area for one call (see [`AreaPath::protocol`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Way {
+enum Protocol {
     /// Everyone reads everyone's whole contribution (small).
     OneShot,
     /// Reduce-scatter then all-gather through shared buffers, piece by piece.
     TwoShot,
-    /// Each rank reduces its slice reading peers' inputs and writes the result into every
-    /// output, by system calls.
-    Direct,
+    /// A first turn where every rank publishes its addresses and whether it asks for the
+    /// direct way (`direct`): direct if all ask, else two-shot.
+    Agree {
+        /// Whether this rank asks for direct.
+        direct: bool,
+    },
 }
 
 /// Byte range of slice `q` when `count` elements of `size` bytes are cut into `n` slices:
@@ -564,6 +640,75 @@ impl<'a> Waiter<'a> {
         }
     }
 
+    /// Between parts of a direct all-reduce: fails if this rank was aborted or is past its
+    /// deadline, if a rank gave up `turn`, or (every [`CHECK_EVERY`]) if a link says a peer
+    /// failed.
+    fn check_running(&mut self, turn: u64) -> Result<()> {
+        if let Some(peer) = self.area.abandoned(turn) {
+            return Err(self.gave_up(peer));
+        }
+        let now = Instant::now();
+        self.check_flags(now, None)?;
+        if now - self.checked >= CHECK_EVERY {
+            self.checked = now;
+            self.engine
+                .check_outside(self.name, self.ours, &mut || false)?;
+        }
+        Ok(())
+    }
+
+    /// The error of a call that rank `peer` gave up, failing the communicator. The rank that
+    /// gave up sent its failure notice first, so the links usually say what happened and to
+    /// whom (a rank that died, say): that error wins.
+    fn gave_up(&mut self, peer: Rank) -> Error {
+        let until = Instant::now() + Duration::from_millis(100);
+        loop {
+            if let Err(e) = self
+                .engine
+                .check_outside(self.name, self.ours, &mut || false)
+            {
+                return e;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let e = Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op: self.name.to_string(),
+            cause: "it gave up this call (failed, timed out or aborted)".into(),
+        };
+        self.engine.fail_outside(&e);
+        e
+    }
+
+    /// Fails (and fails the communicator) if abort() was called or the deadline passed;
+    /// `blocker` is the rank waited for, if any.
+    fn check_flags(&mut self, now: Instant, blocker: Option<Rank>) -> Result<()> {
+        if self.flags.is_aborted() {
+            let e = Error::Aborted {
+                rank: self.rank,
+                op: self.name.to_string(),
+                why: "abort() was called".into(),
+            };
+            self.engine.fail_outside(&e);
+            return Err(e);
+        }
+        if now >= self.deadline {
+            let e = Error::Timeout {
+                rank: self.rank,
+                op: self.name.to_string(),
+                peer: blocker.filter(|&r| r != self.rank),
+                after: self.timeout,
+            };
+            self.engine.fail_outside(&e);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Waits until `ready` gives a value; until then it names the rank it waits for. Spins
     /// first (the peer is usually running on another core), then yields (it may share ours),
     /// then sleeps on that rank's futex, waking at least every [`CHECK_EVERY`] to look at the
@@ -583,25 +728,7 @@ impl<'a> Waiter<'a> {
             }
             let now = Instant::now();
             let start = *start.get_or_insert(now);
-            if self.flags.is_aborted() {
-                let e = Error::Aborted {
-                    rank: self.rank,
-                    op: self.name.to_string(),
-                    why: "abort() was called".into(),
-                };
-                self.engine.fail_outside(&e);
-                return Err(e);
-            }
-            if now >= self.deadline {
-                let e = Error::Timeout {
-                    rank: self.rank,
-                    op: self.name.to_string(),
-                    peer: Some(blocker).filter(|&r| r != self.rank),
-                    after: self.timeout,
-                };
-                self.engine.fail_outside(&e);
-                return Err(e);
-            }
+            self.check_flags(now, Some(blocker))?;
             if now - self.checked >= CHECK_EVERY {
                 self.checked = now;
                 self.engine

@@ -32,11 +32,13 @@ use std::time::{Duration, Instant};
 
 use oxccl_transport::{Completion, Link, RecvBuf, RecvInto, SendBuf, Token, TransportError};
 
+use super::area::AreaPath;
 use super::descriptor::{self, Descriptor};
 use super::progress::{Action, Compiled, Progress};
-use crate::algo::{Buffer, Collective, Op, Region};
+use crate::algo::{Buffer, Collective, Op, Plan, Region};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
+use crate::tune::Way;
 use crate::types::{DataType, Rank};
 
 /// Spin this long without progress before yielding the processor.
@@ -45,8 +47,9 @@ const SPIN: Duration = Duration::from_micros(20);
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest single block, so aborts and deadlines are noticed even without a waker.
 const MAX_BLOCK: Duration = Duration::from_millis(50);
-/// How long a failing rank keeps pushing its failure notices out.
-const NOTICE_FLUSH: Duration = Duration::from_millis(5);
+/// Longest a failing rank keeps pushing its failure notices out to peers that do not take
+/// them (the notices of peers that do leave at once).
+const NOTICE_FLUSH: Duration = Duration::from_secs(2);
 
 /// The result slot of one operation, shared with whoever waits for it.
 #[derive(Debug, Default)]
@@ -152,6 +155,16 @@ pub enum Work {
         descriptor: Descriptor,
         /// Element type, for reductions.
         dtype: DataType,
+    },
+    /// An all-reduce through the shared group area, run to completion when it starts (the
+    /// area's ways wait on shared memory, not on links).
+    Area {
+        /// The call.
+        plan: Plan,
+        /// The way the routing decision chose.
+        way: Way,
+        /// Its sequence number among this communicator's collectives.
+        seq: u64,
     },
     /// Point-to-point messages, all posted at once (so paired sends and receives cannot
     /// deadlock), after exchanging a descriptor with each peer.
@@ -274,6 +287,10 @@ pub struct Engine {
     passes: u64,
     /// Reused list of what to wait on when blocking.
     readiness: Vec<oxccl_transport::Readiness>,
+    /// The shared group area, when every peer is on this host over shared memory.
+    area: Option<Arc<AreaPath>>,
+    /// Turns of the area used so far (collectives on links do not use it).
+    area_turns: u64,
 }
 
 impl Engine {
@@ -299,6 +316,16 @@ impl Engine {
             flags,
             passes: 0,
             readiness: Vec::new(),
+            area: None,
+            area_turns: 0,
+        }
+    }
+
+    /// The same engine running area operations over `area`.
+    pub fn with_area(self, area: Option<AreaPath>) -> Engine {
+        Engine {
+            area: area.map(Arc::new),
+            ..self
         }
     }
 
@@ -460,6 +487,10 @@ impl Engine {
             let Some(op) = self.queue.pop_front() else {
                 return false;
             };
+            if matches!(op.work, Work::Area { .. }) {
+                self.run_area(op);
+                return true;
+            }
             self.start(op);
             moved = true;
         }
@@ -490,6 +521,64 @@ impl Engine {
             }
         }
         moved
+    }
+
+    /// Runs an area operation to its end: the area waits on shared memory, watching links,
+    /// abort and the deadline through this engine.
+    fn run_area(&mut self, op: Operation) {
+        let Work::Area { plan, way, seq } = op.work else {
+            return;
+        };
+        let result = match (self.area.clone(), self.first_dead()) {
+            (_, Some((peer, cause))) => {
+                let e = Error::PeerFailed {
+                    rank: self.rank,
+                    peer,
+                    op: op.name.to_string(),
+                    cause,
+                };
+                self.fail_outside(&e);
+                Err(e)
+            }
+            (None, None) => Err(Error::InvalidArgument(format!(
+                "rank {}: {} was routed through a shared area this communicator does not have",
+                self.rank, op.name
+            ))),
+            (Some(area), None) => {
+                let flags = self.flags.clone();
+                let mut turns = self.area_turns;
+                let timeout = self.timeout;
+                let r = area.all_reduce(
+                    self,
+                    &flags,
+                    (seq, &mut turns),
+                    (&plan, way),
+                    op.input,
+                    op.output,
+                    timeout,
+                );
+                self.area_turns = turns;
+                r
+            }
+        };
+        op.result.set(result);
+    }
+
+    /// A peer whose link was lost while idle, and why.
+    fn first_dead(&self) -> Option<(Rank, String)> {
+        self.dead
+            .iter()
+            .enumerate()
+            .find_map(|(p, w)| w.clone().map(|w| (p, w)))
+    }
+
+    /// Acts on `abort()` now, from the aborting thread when nobody drives: fails what is
+    /// queued and tells every peer.
+    pub fn abort_now(&mut self) {
+        if self.broken.is_none() {
+            let why = "abort() was called".to_string();
+            self.fail(None, why.clone(), Some((self.rank, why)));
+        }
     }
 
     /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, every message).
@@ -523,6 +612,15 @@ impl Engine {
                 (peers, descs)
             }
             Work::PointToPoint { descriptors, .. } => descriptors.iter().copied().unzip(),
+            Work::Area { .. } => {
+                // `pass` hands area operations to `run_area`; never started here.
+                let e = Error::InvalidArgument(format!(
+                    "rank {}: {} cannot run on links",
+                    self.rank, running.op.name
+                ));
+                running.op.result.set(Err(e));
+                return;
+            }
         };
         if let Some((peer, why)) = peers
             .iter()
@@ -970,15 +1068,29 @@ impl Engine {
                     pending.push(peer);
                 }
             }
-            // Give the notices a moment to leave (best effort: a peer that is gone or not
-            // reading cannot hold us up).
-            let until = Instant::now() + NOTICE_FLUSH;
-            while Instant::now() < until {
-                for &peer in &pending {
-                    if let Some(link) = self.links[peer].as_mut() {
-                        sink.clear();
-                        let _ = link.poll(&mut sink);
-                    }
+            // Push the notices out: until every link has handed its notice to the medium (a
+            // few microseconds: links were just cancelled, so nothing but the rest of a frame
+            // is ahead of it) or failed. A peer that is gone or does not read cannot hold us
+            // past NOTICE_FLUSH.
+            let until = Instant::now() + NOTICE_FLUSH.min(self.timeout);
+            loop {
+                pending.retain(|&peer| {
+                    let Some(link) = self.links[peer].as_mut() else {
+                        return false;
+                    };
+                    sink.clear();
+                    link.poll(&mut sink).is_ok() && link.control_pending()
+                });
+                if pending.is_empty() {
+                    break;
+                }
+                if Instant::now() >= until {
+                    tracing::warn!(
+                        rank = self.rank,
+                        ?pending,
+                        "failure notice not delivered to these ranks within {NOTICE_FLUSH:?}"
+                    );
+                    break;
                 }
                 std::thread::yield_now();
             }

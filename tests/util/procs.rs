@@ -38,14 +38,15 @@ pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let path = dir.join("examples").join(name);
-    if !path.exists() {
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", "oxccl", "--example", name])
-            .status()
-            .expect("cargo")
-            .success();
-        assert!(ok, "building example {name} failed");
+    // Built every time (a no-op when it is up to date), in the profile of this test binary:
+    // `cargo test --test x` does not build examples, and a stale one would test old code.
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "-p", "oxccl", "--example", name]);
+    if dir.file_name().is_some_and(|d| d == "release") {
+        build.arg("--release");
     }
+    let ok = build.status().expect("cargo").success();
+    assert!(ok, "building example {name} failed");
     path
 }
 

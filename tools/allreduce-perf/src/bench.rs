@@ -128,7 +128,13 @@ impl<'a> Bench<'a> {
                 let plan = Plan::new(c, count, dtype)
                     .op(op.unwrap_or(ReduceOp::Sum))
                     .root(root.unwrap_or(0));
-                self.comm.explain(&plan).0.algorithm.name().to_owned()
+                let out_of_place = self.comm.explain(&plan).route.name();
+                let in_place = self.comm.explain(&plan.in_place(true)).route.name();
+                if in_place == out_of_place {
+                    out_of_place
+                } else {
+                    format!("{out_of_place}; in place {in_place}")
+                }
             }
             None => "p2p".to_owned(),
         };

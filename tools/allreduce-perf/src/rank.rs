@@ -110,13 +110,35 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
             transports.push((*t).to_owned());
         }
     }
+    // What actually runs over the sweep, in order, as the routing decision says.
+    let mut routes: Vec<String> = Vec::new();
+    if let (Some(&dtype), Some(c)) = (s.dtypes.first(), s.coll.collective()) {
+        let bench = Bench::new(&comm, s);
+        for &size in &s.sizes {
+            let row = bench.row(dtype, s.ops_for(dtype).first().copied().flatten(), size);
+            let plan = oxccl::algo::Plan::new(c, row.count, dtype)
+                .op(row.op.unwrap_or(oxccl::ReduceOp::Sum))
+                .root(row.root.unwrap_or(0));
+            for p in [plan, plan.in_place(true)] {
+                let r = comm.explain(&p).route.name();
+                if !routes.contains(&r) {
+                    routes.push(r);
+                }
+            }
+        }
+    }
+    let algo_line = if routes.is_empty() {
+        algo.clone()
+    } else {
+        format!("{algo} ({})", routes.join(", "))
+    };
     let me = RankInfo {
         rank,
         host: host_name(),
         pid: std::process::id(),
         device: rv.local_rank.unwrap_or(rank),
         transports,
-        algorithm: algo.clone(),
+        algorithm: algo_line,
     };
     let infos = gather_infos(&comm, &me)?;
     let standalone = std::env::var_os(STANDALONE_VAR).is_some();

@@ -271,6 +271,13 @@ pub trait Link: Send {
     /// allows.
     fn post_control(&mut self, bytes: &[u8]) -> Result<()>;
 
+    /// Whether a control message posted with [`Link::post_control`] has not yet been handed
+    /// whole to the medium ([`Link::poll`] moves it on). A failing rank polls until its
+    /// failure notices are out.
+    fn control_pending(&self) -> bool {
+        false
+    }
+
     /// Makes whatever progress is possible without blocking and appends completions to `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()>;
 

@@ -26,13 +26,14 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
+use crate::cma::Process;
 use crate::primitive::{AtomicU64, Ordering};
 use crate::segment::Segment;
 
 /// Bytes of data each area buffer holds.
 pub const AREA_BYTES: usize = 4 << 20;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR2");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR3");
 
 /// Bytes of the descriptor each buffer carries (what its owner called).
 pub const DESC_BYTES: usize = 48;
@@ -72,6 +73,11 @@ struct AreaHeader {
     done: CachePadded<AtomicU64>,
     /// Progress of a direct collective: `(seq + 1) << PROGRESS_BITS | parts finished`.
     progress: CachePadded<AtomicU64>,
+    /// `seq + 1` while this rank may touch peers' memory in direct collective `seq`; 0 when
+    /// it does not.
+    touching: CachePadded<AtomicU64>,
+    /// `seq + 1` of the direct collective this rank gave up (peers stop touching its memory).
+    abandoned: CachePadded<AtomicU64>,
     /// Where peers waiting on this rank sleep.
     bell: CachePadded<Bell>,
 }
@@ -172,7 +178,11 @@ impl AreaSegment {
 pub struct Area {
     rank: usize,
     segments: Vec<Arc<AreaSegment>>,
-    pids: Vec<i32>,
+    /// Each rank's process held by a pidfd, where one could be opened (never this rank's).
+    processes: Vec<Option<Arc<Process>>>,
+    /// Whether this rank may read and write each rank's memory directly (its process is
+    /// proven to be the rank's).
+    readable: Vec<bool>,
     direct: bool,
 }
 
@@ -190,25 +200,95 @@ pub struct Published {
 }
 
 impl Area {
-    /// The area of `rank`, given every rank's segment and process id in rank order, and
-    /// whether this rank can read every peer's memory directly.
-    pub fn new(rank: usize, segments: Vec<Arc<AreaSegment>>, pids: Vec<i32>, direct: bool) -> Area {
+    /// The area of `rank`, given in rank order every rank's segment, its process held by a
+    /// pidfd (`None` where none could be opened; this rank's is not used), and whether this
+    /// rank may reach its memory directly (only where its process is proven to be that rank's).
+    pub fn new(
+        rank: usize,
+        segments: Vec<Arc<AreaSegment>>,
+        processes: Vec<Option<Arc<Process>>>,
+        readable: Vec<bool>,
+    ) -> Area {
+        assert!(
+            processes.len() == segments.len() && readable.len() == segments.len(),
+            "one process and one flag per rank"
+        );
+        let readable: Vec<bool> = (0..segments.len())
+            .map(|r| r == rank || (readable[r] && processes[r].is_some()))
+            .collect();
+        let direct = readable.iter().all(|&r| r);
         Area {
             rank,
             segments,
-            pids,
+            processes,
+            readable,
             direct,
         }
     }
 
-    /// Whether this rank can read every peer's memory directly (`process_vm_readv`).
+    /// Whether this rank can read and write every peer's memory directly (each peer held by a
+    /// pidfd and proven to be that rank).
     pub fn direct(&self) -> bool {
         self.direct
     }
 
-    /// Rank `r`'s process id.
-    pub fn pid(&self, r: usize) -> i32 {
-        self.pids[r]
+    /// Rank `r`'s process, if this rank may reach its memory directly.
+    fn reach(&self, r: usize) -> io::Result<&Process> {
+        match &self.processes[r] {
+            Some(p) if r != self.rank && self.readable[r] => Ok(p),
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("no direct access to rank {r}'s memory"),
+            )),
+        }
+    }
+
+    /// Reads `len` bytes at address `remote` in rank `r`'s process into `local`.
+    ///
+    /// The process is held by a pidfd opened at setup: every transfer is preceded by a check
+    /// that it has not exited, and fails with an error ([`crate::cma::is_exit`]) instead of
+    /// reaching anything once it has; [`Process::read`] says why a recycled pid is never
+    /// reached. Also an error (`Unsupported`) for this rank and for ranks without direct
+    /// access ([`Area::direct`]).
+    ///
+    /// # Safety
+    ///
+    /// `local..local+len` must be valid for writes and not accessed by anyone else during the
+    /// call.
+    pub unsafe fn read_from(
+        &self,
+        r: usize,
+        remote: usize,
+        local: *mut u8,
+        len: usize,
+    ) -> io::Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.reach(r)?.read(remote, local, len) }
+    }
+
+    /// Writes `len` bytes from `local` to address `remote` in rank `r`'s process; errors as
+    /// [`Area::read_from`] (a peer that exited is never written).
+    ///
+    /// # Safety
+    ///
+    /// `local..local+len` must be valid for reads and not written by anyone during the call.
+    pub unsafe fn write_to(
+        &self,
+        r: usize,
+        remote: usize,
+        local: *const u8,
+        len: usize,
+    ) -> io::Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.reach(r)?.write(remote, local, len) }
+    }
+
+    /// Whether rank `r`'s process is alive, by its pidfd: false once it has exited (a zombie
+    /// counts as exited). True for this rank, and for a rank held by no pidfd (its pid is not
+    /// visible here, or the kernel has none): there the answer is unknown, and the caller's
+    /// deadline must catch a dead peer.
+    pub fn peer_alive(&self, r: usize) -> bool {
+        r == self.rank || self.processes[r].as_ref().is_none_or(|p| !p.exited())
     }
 
     /// Publishes that this rank finished `parts` parts of direct collective `seq`.
@@ -291,6 +371,48 @@ impl Area {
         } else {
             Ok(None)
         }
+    }
+
+    /// Says this rank may touch peers' memory in direct collective `seq` from now on. Look at
+    /// [`Area::abandoned`] after this and before each touch: with [`Area::abandon`] and
+    /// [`Area::touching`] this is Dekker's pattern (all four accesses sequentially consistent),
+    /// so a rank that saw a peer not touching after it gave up knows the peer will see that
+    /// and never touch.
+    pub fn enter(&self, seq: u64) {
+        self.segments[self.rank]
+            .header()
+            .touching
+            .store(seq + 1, Ordering::SeqCst);
+    }
+
+    /// Says this rank no longer touches peers' memory.
+    pub fn leave(&self) {
+        self.segments[self.rank]
+            .header()
+            .touching
+            .store(0, Ordering::SeqCst);
+        self.ring();
+    }
+
+    /// Whether rank `r` may be touching peers' memory in direct collective `seq`.
+    pub fn touching(&self, r: usize, seq: u64) -> bool {
+        self.segments[r].header().touching.load(Ordering::SeqCst) == seq + 1
+    }
+
+    /// Says this rank gave up direct collective `seq`: peers stop touching its memory.
+    pub fn abandon(&self, seq: u64) {
+        self.segments[self.rank]
+            .header()
+            .abandoned
+            .store(seq + 1, Ordering::SeqCst);
+        self.ring();
+    }
+
+    /// The first rank that gave up direct collective `seq`, if any.
+    pub fn abandoned(&self, seq: u64) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.header().abandoned.load(Ordering::SeqCst) == seq + 1)
     }
 
     /// Records that this rank has read every buffer of `seq`.

@@ -25,6 +25,7 @@ use oxccl_transport::{
     Completion, Link, Rank, Readiness, RecvInto, Result, SendBuf, Token, TransportError,
 };
 
+use crate::cma::{self, Process};
 use crate::doorbell;
 use crate::primitive::AtomicU32;
 use crate::ring::{Consumer, Producer, RingHeader};
@@ -180,7 +181,9 @@ pub struct ShmLink {
     outbound: RingMem,
     producer: Producer,
     consumer: Consumer,
-    peer_pid: i32,
+    /// The peer's process, held by a pidfd and proven to be the peer, when this side may read
+    /// its memory (it sends by address only then).
+    peer_process: Option<Arc<Process>>,
     peer_bell: OwnedFd,
     bell: Arc<OwnedFd>,
     sock: UnixStream,
@@ -211,7 +214,7 @@ impl ShmLink {
         max_message: usize,
         inbound: RingMem,
         outbound: RingMem,
-        peer_pid: i32,
+        peer_process: Option<Arc<Process>>,
         peer_bell: OwnedFd,
         bell: Arc<OwnedFd>,
         sock: UnixStream,
@@ -227,7 +230,7 @@ impl ShmLink {
             outbound,
             producer: Producer::new(ps),
             consumer: Consumer::new(cs),
-            peer_pid,
+            peer_process,
             peer_bell,
             bell,
             sock,
@@ -358,10 +361,15 @@ impl ShmLink {
                         RecvInto::Memory(buf) => buf.ptr(),
                         RecvInto::Lend { .. } => payload,
                     };
+                    let Some(process) = &self.peer_process else {
+                        return Err(self.protocol(
+                            "message by address, but its memory is not readable from here".into(),
+                        ));
+                    };
                     // SAFETY: `dst` is the receive's memory or this slot's payload (room for
                     // `len`, checked); the sender keeps its range valid until we free the slot.
-                    if let Err(e) = unsafe { crate::cma::read(self.peer_pid, addr, dst, len) } {
-                        if e.raw_os_error() == Some(libc::ESRCH) {
+                    if let Err(e) = unsafe { process.read(addr, dst, len) } {
+                        if cma::is_exit(&e) {
                             self.closed = true;
                             return Err(TransportError::PeerClosed { peer: self.peer });
                         }
@@ -492,6 +500,10 @@ impl Link for ShmLink {
         self.control_out.extend((bytes.len() as u32).to_le_bytes());
         self.control_out.extend_from_slice(bytes);
         Ok(())
+    }
+
+    fn control_pending(&self) -> bool {
+        !self.closed && !self.control_out.is_empty()
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {

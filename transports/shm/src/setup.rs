@@ -5,12 +5,17 @@
 //!
 //! Abstract sockets have no file system name and vanish with the process; the job secret's
 //! challenge-response (and the peer's credentials: same user) keep strangers out.
+//!
+//! Abstract sockets belong to the network namespace, so a peer may sit in a pid namespace this
+//! one cannot see (two containers of one pod): the kernel then reports its pid as 0. The rings
+//! need no pid and work as ever; only direct access to its memory is off (see [`exchange`]).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxccl_transport::auth::{self, Secret};
@@ -19,6 +24,8 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+
+use crate::cma::Process;
 
 /// Authentication context of these connections.
 pub const AUTH_CONTEXT: &[u8] = b"oxccl-shm";
@@ -32,12 +39,15 @@ pub struct Exchanged {
     pub bell: OwnedFd,
     /// The peer's group area segment.
     pub area: OwnedFd,
-    /// The peer's process id, as the kernel reports it.
-    pub pid: i32,
+    /// The peer's process held by a pidfd, when one could be opened: to tell whether it lives.
+    /// Proven to be the peer only when `we_read_peer`; otherwise it is the peer unless the
+    /// peer died during the hand-over (so "exited" is always right, "alive" may not be).
+    pub process: Option<Arc<Process>>,
     /// Whether this rank may hand the peer addresses to read directly (the peer proved it can
     /// read this process's memory).
     pub peer_reads_us: bool,
-    /// Whether this rank can read the peer's memory directly.
+    /// Whether this rank can read the peer's memory directly: `process` is proven to be the
+    /// peer (it held our random probe at the address we named).
     pub we_read_peer: bool,
 }
 
@@ -106,6 +116,56 @@ pub fn accept(listener: &UnixListener, deadline: Instant) -> Result<Option<UnixS
     }
 }
 
+/// The credentials of the process on the other end of `s`, as the kernel reports them at
+/// connection time: pid 0 when that process is in a pid namespace this one cannot see.
+///
+/// Read raw (`SO_PEERCRED` into `libc::ucred`) because the pid may be 0, which no non-zero pid
+/// type may hold.
+pub(crate) fn peer_credentials(s: &impl AsFd) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are ours and describe `cred`'s size; the kernel writes at most
+    // `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != size_of::<libc::ucred>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "SO_PEERCRED returned a short answer",
+        ));
+    }
+    Ok(cred)
+}
+
+/// Holds the peer whose credentials report `pid` by a pidfd, or says why it cannot be held
+/// (then this rank never reaches its memory directly).
+pub(crate) fn hold_peer(pid: i32) -> std::result::Result<Process, String> {
+    if pid == 0 {
+        return Err(
+            "its process is in a pid namespace this one cannot see (its pid reads 0)".into(),
+        );
+    }
+    Process::open(pid).map_err(|e| match e.kind() {
+        io::ErrorKind::Unsupported => format!("{e}; a bare pid could be recycled"),
+        _ if e.raw_os_error() == Some(libc::ESRCH) => format!("its process (pid {pid}) is gone"),
+        _ => format!("pidfd_open({pid}): {e}"),
+    })
+}
+
 /// Authenticates a connection (the connecting side calls with `client = true`) and returns
 /// the peer's rank. Refuses peers of another user and peers claiming a rank other than
 /// `expect` (when given).
@@ -118,11 +178,11 @@ pub fn authenticate(
     expect: Option<Rank>,
     timeout: Duration,
 ) -> Result<Rank> {
-    let cred = rustix::net::sockopt::socket_peercred(&*s)
-        .map_err(|e| TransportError::io("shm: read the peer's credentials", e.into()))?;
-    if cred.uid != rustix::process::getuid() {
+    let cred = peer_credentials(s)
+        .map_err(|e| TransportError::io("shm: read the peer's credentials", e))?;
+    if cred.uid != rustix::process::getuid().as_raw() {
         return Err(TransportError::Auth(format!(
-            "shm: connection from another user ({:?})",
+            "shm: connection from another user (uid {})",
             cred.uid
         )));
     }
@@ -154,6 +214,13 @@ const FD_MAGIC: u32 = 0x4F58_4644; // "OXFD"
 
 /// Hands over this side's incoming segment, doorbell and area, receives the peer's, and probes
 /// in both directions whether memory can be read directly.
+///
+/// Direct access to the peer needs its process held by a pidfd and proven to be the peer: the
+/// pidfd is opened from the pid the kernel reports, then this side reads the peer's random
+/// probe through it and checks the pidfd's process is still alive afterwards (so the pid named
+/// it during the read). A peer whose pid reads 0 (another pid namespace), a kernel without
+/// pidfds, or a failed probe leave direct access off for this peer, logged, and the link
+/// copies every message through the ring; the area's direct path is then off as well.
 pub fn exchange(
     s: &mut UnixStream,
     segment: BorrowedFd<'_>,
@@ -162,10 +229,10 @@ pub fn exchange(
     peer: Rank,
 ) -> Result<Exchanged> {
     let ctx = |w: &str| format!("shm: {w} with rank {peer}");
-    // A value the peer will try to read from this process.
-    let probe: Box<u64> = Box::new(
-        0x6F78_6363_6C21_u64 ^ u64::from(rustix::process::getpid().as_raw_nonzero().get() as u32),
-    );
+    // A random value the peer will try to read from this process: finding it proves the peer
+    // reached this very process.
+    let nonce = oxccl_transport::auth::random_bytes()?;
+    let probe: Box<u64> = Box::new(u64::from_le_bytes(nonce[..8].try_into().expect("8 bytes")));
     let mut msg = Vec::with_capacity(24);
     msg.extend(FD_MAGIC.to_le_bytes());
     msg.extend((&*probe as *const u64 as u64).to_le_bytes());
@@ -203,14 +270,33 @@ pub fn exchange(
         u64::from_le_bytes(buf[4..12].try_into().expect("8 bytes")),
         u64::from_le_bytes(buf[12..20].try_into().expect("8 bytes")),
     );
-    let cred = rustix::net::sockopt::socket_peercred(&*s)
-        .map_err(|e| TransportError::io(ctx("read credentials"), e.into()))?;
-    let pid = cred.pid.as_raw_nonzero().get();
-    let mut seen = 0u64;
-    // SAFETY: `seen` is our own 8 bytes; the remote range is only read by the kernel.
-    let we_read_peer =
-        unsafe { crate::cma::read(pid, addr as usize, (&mut seen as *mut u64).cast(), 8) }.is_ok()
-            && seen == want;
+    let cred = peer_credentials(s).map_err(|e| TransportError::io(ctx("read credentials"), e))?;
+    let process = match hold_peer(cred.pid) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(why) => {
+            tracing::info!(
+                peer,
+                "shm: no direct memory access to rank {peer}: {why}; copying through the ring"
+            );
+            None
+        }
+    };
+    let we_read_peer = process.as_ref().is_some_and(|p| {
+        let mut seen = 0u64;
+        // SAFETY: `seen` is our own 8 bytes; the remote range is only read by the kernel.
+        let read = unsafe { p.read(addr as usize, (&mut seen as *mut u64).cast(), 8) };
+        // Alive after the read: the pid named the pidfd's process throughout, and it held our
+        // peer's random probe, so it is the peer.
+        let proven = read.is_ok() && seen == want && !p.exited();
+        if !proven {
+            tracing::debug!(
+                peer,
+                ?read,
+                "shm: cannot read rank {peer}'s memory directly"
+            );
+        }
+        proven
+    });
     s.write_all(&[u8::from(we_read_peer)])
         .map_err(|e| TransportError::io(ctx("send the probe result"), e))?;
     let mut verdict = [0u8];
@@ -227,8 +313,54 @@ pub fn exchange(
         segment,
         bell,
         area,
-        pid,
+        process,
         peer_reads_us: verdict[0] == 1,
         we_read_peer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_peer_credentials_name_this_process_for_a_socketpair() {
+        let (a, b) = UnixStream::pair().unwrap();
+        for s in [&a, &b] {
+            let cred = peer_credentials(s).unwrap();
+            assert_eq!(cred.pid, std::process::id() as i32);
+            assert_eq!(cred.uid, rustix::process::getuid().as_raw());
+            assert_eq!(cred.gid, rustix::process::getgid().as_raw());
+        }
+    }
+
+    #[test]
+    fn a_peer_whose_pid_reads_0_is_refused_direct_access() {
+        let why = hold_peer(0).unwrap_err();
+        assert!(why.contains("pid namespace"), "{why}");
+        assert!(hold_peer(-1).is_err());
+    }
+
+    #[test]
+    fn a_visible_live_peer_is_held() {
+        let me = std::process::id() as i32;
+        let p = hold_peer(me).unwrap();
+        assert_eq!(p.pid(), me);
+        assert!(!p.exited());
+    }
+
+    #[test]
+    fn a_reaped_peer_is_refused() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // (Unless the pid was handed out again meanwhile: then it is held, as any live pid.)
+        if let Err(why) = hold_peer(pid) {
+            assert!(why.contains("gone"), "{why}");
+        }
+    }
 }

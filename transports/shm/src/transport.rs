@@ -11,6 +11,7 @@ use oxccl_transport::auth::Secret;
 use oxccl_transport::{Link, PeerInfo, Rank, Result, Transport, TransportError};
 
 use crate::area::{Area, AreaSegment};
+use crate::cma::Process;
 use crate::link::{RingMem, ShmLink};
 use crate::setup;
 
@@ -50,8 +51,8 @@ pub struct AreaSet(Arc<std::sync::Mutex<Vec<Option<AreaPeer>>>>);
 #[derive(Clone, Debug)]
 struct AreaPeer {
     seg: Arc<AreaSegment>,
-    /// Its process id.
-    pid: i32,
+    /// Its process held by a pidfd, where one could be opened (none for this rank).
+    process: Option<Arc<Process>>,
     /// Whether this rank can read its memory directly.
     readable: bool,
 }
@@ -62,9 +63,14 @@ impl AreaSet {
         let peers = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let all: Option<Vec<AreaPeer>> = peers.iter().cloned().collect();
         all.filter(|a| a.len() > 1).map(|a| {
-            let readable = a.iter().all(|p| p.readable);
-            let pids = a.iter().map(|p| p.pid).collect();
-            Area::new(rank, a.into_iter().map(|p| p.seg).collect(), pids, readable)
+            let readable = a.iter().map(|p| p.readable).collect();
+            let processes = a.iter().map(|p| p.process.clone()).collect();
+            Area::new(
+                rank,
+                a.into_iter().map(|p| p.seg).collect(),
+                processes,
+                readable,
+            )
         })
     }
 }
@@ -88,10 +94,9 @@ impl ShmTransport {
             .map_err(|e| TransportError::io("shm: create the group area", e))?;
         let mut segs = vec![None; cfg.nranks];
         if let Some(s) = segs.get_mut(cfg.rank) {
-            let pid = rustix::process::getpid().as_raw_nonzero().get();
             *s = Some(AreaPeer {
                 seg: Arc::new(mine),
-                pid,
+                process: None,
                 readable: true,
             });
         }
@@ -139,7 +144,7 @@ impl ShmTransport {
         {
             *slot = Some(AreaPeer {
                 seg: Arc::new(area),
-                pid: ex.pid,
+                process: ex.process.clone(),
                 readable: ex.we_read_peer,
             });
         }
@@ -169,7 +174,7 @@ impl ShmTransport {
             cfg.max_message,
             inbound,
             outbound,
-            ex.pid,
+            ex.process.filter(|_| ex.we_read_peer),
             ex.bell,
             self.bell.clone(),
             sock,

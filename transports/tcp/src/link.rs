@@ -176,6 +176,10 @@ impl Link for TcpLink {
         Ok(())
     }
 
+    fn control_pending(&self) -> bool {
+        self.outbox.controls_pending()
+    }
+
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         if self.broken.is_none()
             && let Err(b) = self.poll_inner(out)

@@ -109,6 +109,12 @@ impl Outbox {
         self.sends.clear();
     }
 
+    /// Whether a control message (or the rest of a cancelled frame before it) waits to be
+    /// written.
+    pub fn controls_pending(&self) -> bool {
+        !self.controls.is_empty()
+    }
+
     /// Whether anything waits to be written.
     pub fn is_empty(&self) -> bool {
         self.sends.is_empty() && self.controls.is_empty()

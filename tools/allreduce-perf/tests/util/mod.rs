@@ -116,6 +116,11 @@ fn mask_device_line(line: &str) -> Result<String, String> {
     if transports.is_empty() || transports.contains(' ') {
         return Err(format!("transports {transports:?}"));
     }
+    // The routes that run follow the transports (`auto (shm one-shot)`): masked with them.
+    let algo = match algo.split_once(" (") {
+        Some((a, routes)) if routes.ends_with(')') => format!("{a} (<routes>)"),
+        _ => algo.to_owned(),
+    };
     Ok(format!(
         "{head}Pid PPPPPP on <host> device {device} [cpu] <transports>; algorithm {algo}"
     ))

@@ -1,0 +1,241 @@
+//! One route per call: every collective that has both forms, called blocking on some ranks and
+//! asynchronously on others (and in place on some, out of place on others), over shared memory
+//! and over TCP, with 2 and 4 ranks, at sizes on every side of every routing threshold — the
+//! results match a reference computed here and no rank sees a mismatch. And `explain` says what
+//! runs.
+
+mod util;
+
+use oxccl::algo::{Algorithm, Collective, Plan};
+use oxccl::config::TransportFilter;
+use oxccl::tune::{Route, Way};
+use oxccl::types::DataType;
+use oxccl::{Communicator, Config, ReduceOp};
+use util::procs::on_each;
+
+/// Rank `r`'s value at `i`: small integers, so float sums are exact in any order.
+fn value(r: usize, i: usize) -> f32 {
+    (((i * 7 + r * 13) % 23) as i64 - 11) as f32
+}
+
+fn values(r: usize, count: usize) -> Vec<f32> {
+    (0..count).map(|i| value(r, i)).collect()
+}
+
+/// Element counts (f32) around every threshold of the routing decision: one-shot (≤ 16 KiB),
+/// direct (16 KiB to 4 MiB out of place; any size in place), two-shot beyond, and the
+/// schedules' size rules (64 KiB, 1 MiB; 16 KiB for all-gather and reduce-scatter blocks).
+const COUNTS: [usize; 7] = [1, 4096, 4097, 16_385, 262_145, 1 << 20, 1_300_001];
+
+/// Which ranks call asynchronously, as bit masks over ranks.
+fn patterns(n: usize) -> Vec<u32> {
+    if n == 2 {
+        vec![0b00, 0b01, 0b10, 0b11]
+    } else {
+        vec![0, (1 << n) - 1, 0b0101, 0b0001]
+    }
+}
+
+/// Runs every collective with `count` elements per rank (per block for the gathering ones),
+/// async on the ranks in `mask`; returns an error naming what went wrong.
+fn round(c: &Communicator, count: usize, mask: u32) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    let asynchronous = mask & (1 << r) != 0;
+    let what = |coll: &str| {
+        format!(
+            "rank {r} ({}), {coll} of {count}",
+            if asynchronous { "async" } else { "blocking" }
+        )
+    };
+
+    // All-reduce: async is in place; blocking ranks go out of place on odd ranks.
+    let want: Vec<f32> = (0..count)
+        .map(|i| (0..n).map(|q| value(q, i)).sum())
+        .collect();
+    let got = if asynchronous {
+        c.all_reduce_async(values(r, count), ReduceOp::Sum)
+            .and_then(|w| w.wait())
+    } else if r % 2 == 1 {
+        let mut out = vec![0.0; count];
+        c.all_reduce(&values(r, count), &mut out, ReduceOp::Sum)
+            .map(|()| out)
+    } else {
+        let mut buf = values(r, count);
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum).map(|()| buf)
+    }
+    .map_err(|e| format!("{}: {e}", what("all_reduce")))?;
+    if got != want {
+        return Err(format!("{}: wrong result", what("all_reduce")));
+    }
+
+    // Broadcast from the last rank.
+    let root = n - 1;
+    let mine = if r == root {
+        values(r, count)
+    } else {
+        vec![0.0; count]
+    };
+    let got = if asynchronous {
+        c.broadcast_async(mine, root).and_then(|w| w.wait())
+    } else {
+        let mut buf = mine;
+        c.broadcast_in_place(&mut buf, root).map(|()| buf)
+    }
+    .map_err(|e| format!("{}: {e}", what("broadcast")))?;
+    if got != values(root, count) {
+        return Err(format!("{}: wrong result", what("broadcast")));
+    }
+
+    // All-gather of `count` per rank.
+    let want: Vec<f32> = (0..n).flat_map(|q| values(q, count)).collect();
+    let got = if asynchronous {
+        c.all_gather_async(values(r, count), vec![0.0; n * count])
+            .and_then(|w| w.wait())
+            .map(|(_, out)| out)
+    } else {
+        let mut out = vec![0.0; n * count];
+        c.all_gather(&values(r, count), &mut out).map(|()| out)
+    }
+    .map_err(|e| format!("{}: {e}", what("all_gather")))?;
+    if got != want {
+        return Err(format!("{}: wrong result", what("all_gather")));
+    }
+
+    // Reduce-scatter: `count` per rank out of `n·count`.
+    let input: Vec<f32> = (0..n * count).map(|i| value(r, i)).collect();
+    let want: Vec<f32> = (r * count..(r + 1) * count)
+        .map(|i| (0..n).map(|q| value(q, i)).sum())
+        .collect();
+    let got = if asynchronous {
+        c.reduce_scatter_async(input, vec![0.0; count], ReduceOp::Sum)
+            .and_then(|w| w.wait())
+            .map(|(_, out)| out)
+    } else {
+        let mut out = vec![0.0; count];
+        c.reduce_scatter(&input, &mut out, ReduceOp::Sum)
+            .map(|()| out)
+    }
+    .map_err(|e| format!("{}: {e}", what("reduce_scatter")))?;
+    if got != want {
+        return Err(format!("{}: wrong result", what("reduce_scatter")));
+    }
+
+    // All-to-all of blocks of `count / n` (at least 1).
+    let block = (count / n).max(1);
+    let input: Vec<f32> = (0..n * block).map(|i| value(r, i)).collect();
+    let want: Vec<f32> = (0..n)
+        .flat_map(|q| (r * block..(r + 1) * block).map(move |i| value(q, i)))
+        .collect();
+    let got = if asynchronous {
+        c.all_to_all_async(input, vec![0.0; n * block])
+            .and_then(|w| w.wait())
+            .map(|(_, out)| out)
+    } else {
+        let mut out = vec![0.0; n * block];
+        c.all_to_all(&input, &mut out).map(|()| out)
+    }
+    .map_err(|e| format!("{}: {e}", what("all_to_all")))?;
+    if got != want {
+        return Err(format!("{}: wrong result", what("all_to_all")));
+    }
+
+    if asynchronous {
+        c.barrier_async().and_then(|w| w.wait())
+    } else {
+        c.barrier()
+    }
+    .map_err(|e| format!("{}: {e}", what("barrier")))
+}
+
+fn check(transport: &str, n: usize, counts: &[usize]) {
+    let config = Config::default().transports(TransportFilter::only(&[transport]));
+    let comms = Communicator::init_local(n, config).expect("init");
+    for &count in counts {
+        for mask in patterns(n) {
+            let results = on_each(&comms, |c| round(c, count, mask));
+            for (res, _) in results {
+                res.unwrap_or_else(|e| panic!("{transport}, {n} ranks, async mask {mask:#b}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn blocking_and_async_ranks_agree_over_shared_memory() {
+    check("shm", 2, &COUNTS);
+    check("shm", 4, &COUNTS);
+}
+
+#[test]
+fn blocking_and_async_ranks_agree_over_tcp() {
+    check("tcp", 2, &COUNTS);
+    check("tcp", 4, &COUNTS[..6]);
+}
+
+/// The probe from the issue: rank 0 asynchronous, rank 1 blocking in place, 1024 floats.
+#[test]
+fn async_on_one_rank_and_blocking_on_the_other_is_not_a_mismatch() {
+    let config = Config::default().transports(TransportFilter::only(&["shm"]));
+    let comms = Communicator::init_local(2, config).expect("init");
+    let results = on_each(&comms, |c| {
+        if c.rank() == 0 {
+            c.all_reduce_async(vec![1.0f32; 1024], ReduceOp::Sum)
+                .and_then(|w| w.wait())
+        } else {
+            let mut b = vec![2.0f32; 1024];
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum).map(|()| b)
+        }
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        let b = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(b.iter().all(|&x| x == 3.0), "rank {r}");
+    }
+}
+
+#[test]
+fn explain_names_the_route_that_runs() {
+    let all_reduce = |count: usize| Plan::new(Collective::AllReduce, count, DataType::F32);
+    let shm = Communicator::init_local(
+        2,
+        Config::default().transports(TransportFilter::only(&["shm"])),
+    )
+    .expect("init over shm");
+    let route = |c: &Communicator, p: Plan| c.explain(&p).route;
+    // Direct needs process_vm_readv between the ranks (threads of this process: always).
+    assert_eq!(route(&shm[0], all_reduce(10)), Route::Area(Way::OneShot));
+    assert_eq!(
+        route(&shm[0], all_reduce(1 << 16)),
+        Route::Area(Way::Direct)
+    );
+    assert_eq!(
+        route(&shm[0], all_reduce(4 << 20)),
+        Route::Area(Way::TwoShot)
+    );
+    assert_eq!(
+        route(&shm[0], all_reduce(4 << 20).in_place(true)),
+        Route::Area(Way::Direct)
+    );
+    assert_eq!(
+        route(&shm[0], all_reduce(10)).name(),
+        "shm one-shot",
+        "what allreduce-perf prints"
+    );
+    // Other collectives run schedules over the rings.
+    let bcast = Plan::new(Collective::Broadcast, 10, DataType::F32);
+    assert!(matches!(route(&shm[1], bcast), Route::Schedule(_)));
+
+    let tcp = Communicator::init_local(
+        2,
+        Config::default().transports(TransportFilter::only(&["tcp"])),
+    )
+    .expect("init over tcp");
+    let Route::Schedule(choice) = route(&tcp[0], all_reduce(10 << 20)) else {
+        panic!("no area over TCP");
+    };
+    assert_eq!(choice.algorithm, Algorithm::Ring);
+    // Every rank decides the same.
+    for p in [all_reduce(1), all_reduce(1 << 18), bcast] {
+        assert_eq!(tcp[0].explain(&p), tcp[1].explain(&p));
+        assert_eq!(shm[0].explain(&p), shm[1].explain(&p));
+    }
+}

@@ -6,7 +6,7 @@
 //! `error after MS ms: DEBUG` (MS: time since the last success) before exiting with code 2.
 //! With a third argument `canary`, a failed rank then fills its buffer with a pattern, waits
 //! 300 ms and prints `canary intact` or `canary broken at I` (a peer wrote into memory the call
-//! had handed back).
+//! had handed back); it also prints `route R`, the route its all-reduce takes, after `ready`.
 
 use std::io::Write;
 use std::time::Instant;
@@ -32,6 +32,15 @@ fn main() {
     };
     let mut out = std::io::stdout();
     let _ = writeln!(out, "ready");
+    if canary {
+        let plan = oxccl::algo::Plan::new(
+            oxccl::algo::Collective::AllReduce,
+            count,
+            oxccl::DataType::F32,
+        )
+        .in_place(true);
+        let _ = writeln!(out, "route {}", comm.explain(&plan).route.name());
+    }
     let _ = out.flush();
     let mut buf = vec![1.0f32; count];
     let mut last = Instant::now();

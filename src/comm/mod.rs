@@ -226,14 +226,28 @@ impl Communicator {
 
     /// Aborts the communicator from any thread: every running and later call fails with
     /// [`Error::Aborted`], and every peer is told at once, idle or not (their running or next
-    /// call fails with [`Error::PeerFailed`] naming this rank). Returns once the running call,
-    /// if any, has stopped. Irreversible; the connections close when the communicator is
-    /// dropped.
+    /// call fails with [`Error::PeerFailed`] naming this rank). Returns at once when nobody
+    /// drives the communicator, else within a second (the driving thread tells the peers when
+    /// it sees the abort). Irreversible; the connections close when the communicator is
+    /// dropped. Not async-signal-safe.
     pub fn abort(&self) {
         self.inner.flags.abort();
-        // A thread driving the engine sees the flag at its next pass (the flag's waker ends
-        // its sleep) and lets go of the lock; when nobody drives, this thread tells the peers.
-        self.inner.lock().engine.abort_now();
+        // A thread driving the engine sees the flag at its next pass (the flag's waker ends its
+        // sleep) and tells the peers; when nobody drives, this thread does. Never blocks on
+        // the running call: a call that must first wait for peers to stop touching its buffers
+        // tells them itself once it can.
+        let start = std::time::Instant::now();
+        while !self.inner.flags.peers_told() && start.elapsed() < Duration::from_secs(1) {
+            match self.inner.state.try_lock() {
+                Ok(mut st) => return st.engine.abort_now(),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    return p.into_inner().engine.abort_now();
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
     }
 
     /// Splits this communicator (MPI_Comm_split): every rank calls it; ranks passing the same
@@ -399,7 +413,10 @@ impl Inner {
         while !result.is_done() {
             match self.state.try_lock() {
                 Ok(mut st) => st.engine.drive_until(result),
-                Err(_) => {
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    p.into_inner().engine.drive_until(result)
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
                     result.wait_for(Duration::from_millis(1));
                 }
             }

@@ -174,12 +174,6 @@ impl AreaPath {
         };
         match protocol {
             Protocol::OneShot => {
-                if bytes > AREA_BYTES {
-                    return Err(Error::InvalidArgument(format!(
-                        "rank {}: {name}: {bytes} bytes do not fit the area one-shot",
-                        self.rank
-                    )));
-                }
                 return self.small_all_reduce(&mut w, next(), plan, input, output);
             }
             Protocol::Agree { direct } => {
@@ -396,11 +390,26 @@ impl AreaPath {
         output: (*mut u8, usize),
         want: bool,
     ) -> Result<bool> {
-        let r = self.direct_inner(w, turn, plan, input, output, want);
-        if r.is_err() {
-            self.stop_touching(w, turn);
+        // A panic between publishing and returning must not hand back memory peers still
+        // write: stop touching first, then let it go on.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.direct_inner(w, turn, plan, input, output, want)
+        }));
+        match r {
+            Ok(Ok(direct)) => Ok(direct),
+            Ok(Err(e)) => {
+                self.stop_touching(w, turn, &e);
+                Err(e)
+            }
+            Err(panic) => {
+                let e = Error::InvalidArgument(format!(
+                    "rank {}: {}: the direct all-reduce panicked",
+                    self.rank, w.name
+                ));
+                self.stop_touching(w, turn, &e);
+                std::panic::resume_unwind(panic)
+            }
         }
-        r
     }
 
     fn direct_inner(
@@ -453,10 +462,6 @@ impl AreaPath {
             op: opname.clone(),
             cause: format!("reaching its memory directly failed: {e}"),
         };
-        let fail = |w: &mut Waiter<'_>, e: Error| {
-            w.engine.fail_outside(&e);
-            e
-        };
 
         // From here this rank may touch peers' memory: say so before looking whether anyone
         // gave up (the order that makes `stop_touching` sound).
@@ -483,7 +488,7 @@ impl AreaPath {
                     self.area
                         .read_from(q, peer_addrs[q].0 + at, tmp.as_mut_ptr(), len)
                 }
-                .map_err(|e| fail(w, reach_err(q, e)))?;
+                .map_err(|e| reach_err(q, e))?;
                 if k == 1 {
                     // SAFETY: `input` holds `bytes` bytes.
                     let mine = unsafe { std::slice::from_raw_parts(input.0.add(at), len) };
@@ -512,7 +517,7 @@ impl AreaPath {
                     self.area
                         .write_to(q, peer_addrs[q].1 + at, acc.as_ptr(), len)
                 }
-                .map_err(|e| fail(w, reach_err(q, e)))?;
+                .map_err(|e| reach_err(q, e))?;
             }
             at += len;
         }
@@ -533,7 +538,7 @@ impl AreaPath {
         })?;
         match gave_up {
             None => Ok(true),
-            Some(peer) => Err(w.gave_up(peer)),
+            Some(peer) => Err(w.gave_up(peer, turn)),
         }
     }
 
@@ -544,18 +549,24 @@ impl AreaPath {
     /// ignores abort, since returning earlier would hand the caller memory a peer may still
     /// write. A peer frozen in the middle of a part (stopped by a debugger or SIGSTOP) holds
     /// this rank until it goes on or exits; that is logged once a timeout.
-    fn stop_touching(&self, w: &mut Waiter<'_>, turn: u64) {
+    ///
+    /// `e` fails the communicator (peers are told) once this rank no longer touches theirs.
+    fn stop_touching(&self, w: &mut Waiter<'_>, turn: u64, e: &Error) {
         self.area.abandon(turn);
         self.area.leave();
+        w.engine.fail_outside(e);
         let started = Instant::now();
         let mut warned = started;
-        let mut spins = 0u32;
         for q in (0..self.area.len()).filter(|&q| q != self.rank) {
-            while self.area.touching(q, turn) && self.area.peer_alive(q) {
-                spins = spins.wrapping_add(1);
+            let mut spins = 0u32;
+            while self.area.touching(q, turn) {
+                spins = spins.saturating_add(1);
                 if spins < 256 {
                     std::hint::spin_loop();
                     continue;
+                }
+                if !self.area.peer_alive(q) {
+                    break;
                 }
                 if warned.elapsed() >= w.timeout {
                     warned = Instant::now();
@@ -645,14 +656,20 @@ impl<'a> Waiter<'a> {
     /// failed.
     fn check_running(&mut self, turn: u64) -> Result<()> {
         if let Some(peer) = self.area.abandoned(turn) {
-            return Err(self.gave_up(peer));
+            // Nothing more to touch: say so before looking for why (peers wait on it).
+            self.area.leave();
+            return Err(self.gave_up(peer, turn));
         }
         let now = Instant::now();
-        self.check_flags(now, None)?;
+        if let Some(e) = self.flag_error(now, None) {
+            return Err(e);
+        }
         if now - self.checked >= CHECK_EVERY {
             self.checked = now;
-            self.engine
-                .check_outside(self.name, self.ours, &mut || false)?;
+            let area = self.area;
+            self.engine.check_outside(self.name, self.ours, &mut || {
+                area.unfinished(turn).is_none()
+            })?;
         }
         Ok(())
     }
@@ -660,13 +677,12 @@ impl<'a> Waiter<'a> {
     /// The error of a call that rank `peer` gave up, failing the communicator. The rank that
     /// gave up sent its failure notice first, so the links usually say what happened and to
     /// whom (a rank that died, say): that error wins.
-    fn gave_up(&mut self, peer: Rank) -> Error {
+    fn gave_up(&mut self, peer: Rank, turn: u64) -> Error {
         let until = Instant::now() + Duration::from_millis(100);
+        let area = self.area;
         loop {
-            if let Err(e) = self
-                .engine
-                .check_outside(self.name, self.ours, &mut || false)
-            {
+            let settled = &mut || area.unfinished(turn).is_none();
+            if let Err(e) = self.engine.check_outside(self.name, self.ours, settled) {
                 return e;
             }
             if Instant::now() >= until {
@@ -684,29 +700,22 @@ impl<'a> Waiter<'a> {
         e
     }
 
-    /// Fails (and fails the communicator) if abort() was called or the deadline passed;
-    /// `blocker` is the rank waited for, if any.
-    fn check_flags(&mut self, now: Instant, blocker: Option<Rank>) -> Result<()> {
+    /// The error if abort() was called or the deadline passed (`blocker`: the rank waited
+    /// for, if any); the caller fails the communicator with it.
+    fn flag_error(&self, now: Instant, blocker: Option<Rank>) -> Option<Error> {
         if self.flags.is_aborted() {
-            let e = Error::Aborted {
+            return Some(Error::Aborted {
                 rank: self.rank,
                 op: self.name.to_string(),
                 why: "abort() was called".into(),
-            };
-            self.engine.fail_outside(&e);
-            return Err(e);
+            });
         }
-        if now >= self.deadline {
-            let e = Error::Timeout {
-                rank: self.rank,
-                op: self.name.to_string(),
-                peer: blocker.filter(|&r| r != self.rank),
-                after: self.timeout,
-            };
-            self.engine.fail_outside(&e);
-            return Err(e);
-        }
-        Ok(())
+        (now >= self.deadline).then(|| Error::Timeout {
+            rank: self.rank,
+            op: self.name.to_string(),
+            peer: blocker.filter(|&r| r != self.rank),
+            after: self.timeout,
+        })
     }
 
     /// Waits until `ready` gives a value; until then it names the rank it waits for. Spins
@@ -728,7 +737,10 @@ impl<'a> Waiter<'a> {
             }
             let now = Instant::now();
             let start = *start.get_or_insert(now);
-            self.check_flags(now, Some(blocker))?;
+            if let Some(e) = self.flag_error(now, Some(blocker)) {
+                self.engine.fail_outside(&e);
+                return Err(e);
+            }
             if now - self.checked >= CHECK_EVERY {
                 self.checked = now;
                 self.engine

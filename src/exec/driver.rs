@@ -106,6 +106,8 @@ impl OpResult {
 #[derive(Debug)]
 pub struct Flags {
     aborted: AtomicBool,
+    /// Peers were sent this rank's failure notice.
+    told: AtomicBool,
     waker: Option<OwnedFd>,
 }
 
@@ -120,6 +122,7 @@ impl Flags {
         .ok();
         Flags {
             aborted: AtomicBool::new(false),
+            told: AtomicBool::new(false),
             waker,
         }
     }
@@ -135,6 +138,11 @@ impl Flags {
     /// Whether `abort` was called.
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Whether this rank's failure notices went out to its peers (the communicator failed).
+    pub fn peers_told(&self) -> bool {
+        self.told.load(Ordering::Acquire)
     }
 }
 

@@ -45,10 +45,12 @@ pub fn cpu_plan(nranks: usize, bind: Bind) -> Option<Vec<usize>> {
 
 /// Makes the child `cmd` starts die with this process (`PR_SET_PDEATHSIG`, which fires when
 /// the *thread* that spawns exits: spawn from a thread that lives as long as the launcher) and
-/// binds it to `cpu` if given.
+/// binds it to `cpu` if given (and one this system can name).
 pub fn prepare(cmd: &mut Command, cpu: Option<usize>) {
     let parent = rustix::process::getpid();
     let mut set = rustix::thread::CpuSet::new();
+    // A CPU beyond what the set can name is left unbound rather than a panic.
+    let cpu = cpu.filter(|&c| c < rustix::thread::CpuSet::MAX_CPU);
     if let Some(c) = cpu {
         set.set(c);
     }

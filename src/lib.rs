@@ -4,7 +4,40 @@
 //! all-gather, reduce-scatter, broadcast, ... — and oxccl moves and reduces the bytes between
 //! them over shared memory, TCP or RDMA verbs.
 //!
-//! The crate is built in layers, each usable on its own:
+//! ```no_run
+//! use oxccl::{Communicator, Config, ReduceOp};
+//!
+//! fn main() -> Result<(), oxccl::Error> {
+//!     // One process per rank, started by a launcher (oxrun, torchrun, srun, mpirun).
+//!     let comm = Communicator::init(Config::from_env()?)?;
+//!     let mut grads = vec![comm.rank() as f32; 1 << 20];
+//!     comm.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The same with the ranks as threads of one process:
+//!
+//! ```
+//! use oxccl::{Communicator, Config, ReduceOp};
+//!
+//! let comms = Communicator::init_local(2, Config::default()).unwrap();
+//! std::thread::scope(|s| {
+//!     for comm in &comms {
+//!         s.spawn(move || {
+//!             let mut x = vec![comm.rank() as f32 + 1.0; 4];
+//!             comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+//!             assert_eq!(x, [3.0; 4]);
+//!         });
+//!     }
+//! });
+//! ```
+//!
+//! How each call runs is one decision ([`Communicator::explain`] returns it as a
+//! [`Decision`]); a call that returns, whatever its result, leaves no peer touching its
+//! buffers; every wait has a deadline ([`Config::timeout`]).
+//!
+//! Beside the communicator, the crate's layers are usable on their own:
 //!
 //! - [`types`]: data types, reduction operators and their exact arithmetic contract;
 //! - [`reduce`]: the element-wise reduction kernels;
@@ -24,23 +57,25 @@
 
 pub mod algo;
 pub mod bootstrap;
-pub mod comm;
+mod comm;
 pub mod config;
 pub mod error;
-pub mod exec;
+mod exec;
 pub mod launch;
 mod logging;
 pub mod reduce;
 pub mod topo;
 pub mod tune;
 pub mod types;
-pub mod work;
+mod work;
 
 /// This library's version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+pub use bootstrap::UniqueId;
 pub use comm::{Communicator, Group};
 pub use config::Config;
 pub use error::{Error, Result};
+pub use tune::{Decision, Route, Way};
 pub use types::{DataType, Element, Rank, ReduceOp};
 pub use work::{OwnedBuffer, Work};

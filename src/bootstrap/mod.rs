@@ -24,7 +24,7 @@ use crate::{Error, Result};
 
 mod client;
 mod env;
-pub mod iface;
+pub(crate) mod iface;
 mod mem;
 mod server;
 mod unique_id;

@@ -44,6 +44,13 @@ pub struct Communicator {
     pub(crate) inner: Arc<Inner>,
 }
 
+// Communicators are shared between threads (abort from any of them, async work driven by a
+// progress thread): this stops compiling if a change makes that unsound.
+const _: () = {
+    const fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<Communicator>();
+};
+
 /// Shared by the communicator, its asynchronous work handles and its progress thread.
 pub(crate) struct Inner {
     pub(crate) rank: Rank,

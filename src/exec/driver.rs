@@ -378,18 +378,6 @@ impl Engine {
         }
     }
 
-    /// Drives until nothing is queued or running (every operation ends: each has a deadline).
-    pub fn drain(&mut self) {
-        let mut idle_since: Option<Instant> = None;
-        while self.busy() {
-            if self.pass() {
-                idle_since = None;
-                continue;
-            }
-            self.idle(&mut idle_since);
-        }
-    }
-
     /// Drives until nothing is queued or running, or `budget` has passed.
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
@@ -1119,24 +1107,6 @@ impl Engine {
                 why: why.clone(),
             }));
         }
-    }
-
-    /// Whether the communicator has failed (every later operation fails at once).
-    pub fn is_broken(&self) -> bool {
-        self.broken.is_some()
-    }
-
-    /// The error every operation gets once the communicator is broken (or aborted).
-    pub fn refuse(&self, name: &OpName) -> Option<Error> {
-        let why = self
-            .broken
-            .clone()
-            .or_else(|| self.flags.is_aborted().then(|| "abort() was called".into()))?;
-        Some(Error::Aborted {
-            rank: self.rank,
-            op: name.to_string(),
-            why,
-        })
     }
 
     /// While this rank runs a collective outside the engine (the shared-area path), checks

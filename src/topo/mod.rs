@@ -30,8 +30,10 @@ pub fn host_id(configured: Option<&str>) -> String {
     format!("{}-{hex}", name.trim())
 }
 
-/// Where the ranks of a communicator run.
+/// Where the ranks of a communicator run. Grows with discovery (NUMA, NICs, GPUs): built only
+/// here, read through its fields and methods.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Topology {
     /// Host identity of each rank.
     pub hosts: Vec<String>,

@@ -525,20 +525,59 @@ impl Engine {
         let Work::Area { plan, way, seq } = op.work else {
             return;
         };
-        let result = match (self.area.clone(), self.first_dead()) {
+        let r = self.area_op(&op.name, (plan, way, seq), op.input, op.output);
+        op.result.set(r);
+    }
+
+    /// Runs area all-reduce `seq` now, on the calling thread, when nothing is queued or
+    /// running (the blocking form's path: no queue, no result slot).
+    pub fn run_area_now(
+        &mut self,
+        (plan, way, seq): (Plan, Way, u64),
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Result<()> {
+        let name = OpName::Collective(plan.collective, seq);
+        if self.busy() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {name} cannot run ahead of queued operations",
+                self.rank
+            )));
+        }
+        if self.flags.is_aborted() {
+            self.abort_now();
+        }
+        if let Some(why) = &self.broken {
+            return Err(Error::Aborted {
+                rank: self.rank,
+                op: name.to_string(),
+                why: why.clone(),
+            });
+        }
+        self.area_op(&name, (plan, way, seq), input, output)
+    }
+
+    fn area_op(
+        &mut self,
+        name: &OpName,
+        (plan, way, seq): (Plan, Way, u64),
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Result<()> {
+        match (self.area.clone(), self.first_dead()) {
             (_, Some((peer, cause))) => {
                 let e = Error::PeerFailed {
                     rank: self.rank,
                     peer,
-                    op: op.name.to_string(),
+                    op: name.to_string(),
                     cause,
                 };
                 self.fail_outside(&e);
                 Err(e)
             }
             (None, None) => Err(Error::InvalidArgument(format!(
-                "rank {}: {} was routed through a shared area this communicator does not have",
-                self.rank, op.name
+                "rank {}: {name} was routed through a shared area this communicator does not have",
+                self.rank
             ))),
             (Some(area), None) => {
                 let flags = self.flags.clone();
@@ -549,15 +588,14 @@ impl Engine {
                     &flags,
                     (seq, &mut turns),
                     (&plan, way),
-                    op.input,
-                    op.output,
+                    input,
+                    output,
                     timeout,
                 );
                 self.area_turns = turns;
                 r
             }
-        };
-        op.result.set(result);
+        }
     }
 
     /// A peer whose link was lost while idle, and why.

@@ -312,8 +312,8 @@ pub trait Link: Send {
     }
 
     /// Forgets every posted operation without closing the link: from the return of this call
-    /// the link never reads or writes the memory of an operation posted before it, and none of
-    /// them completes. A send already partly on the wire is finished from the transport's own
+    /// the link never reads or writes the memory of an operation posted before it — nor does
+    /// the peer, where it reads this side's memory directly — and none of them completes. A send already partly on the wire is finished from the transport's own
     /// copy, so the stream stays well-formed and later control messages still reach the peer;
     /// data that arrives for a cancelled receive is discarded.
     fn cancel(&mut self);

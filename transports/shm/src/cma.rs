@@ -17,6 +17,22 @@ pub struct Process {
     pid: i32,
     /// Refers to that process for as long as it is open, even after the pid is reused.
     pidfd: OwnedFd,
+    /// When the pidfd last said the process was alive (monotonic nanoseconds).
+    alive_at: std::sync::atomic::AtomicU64,
+}
+
+/// How long a check that the process lives covers the transfers after it: see
+/// [`Process::read`].
+const ALIVE_FOR_NS: u64 = 1_000_000;
+
+/// [`Process::alive_at`] before the first check.
+const NEVER: u64 = u64::MAX;
+
+/// Nanoseconds since this process first asked (monotonic; never 0 for long).
+fn monotonic_ns() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The error of a transfer to or from a [`Process`] that has exited.
@@ -69,7 +85,12 @@ impl Process {
         }
         // SAFETY: a descriptor the kernel just created, owned by nobody else.
         let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        Ok(Process { pid, pidfd })
+        Ok(Process {
+            pid,
+            pidfd,
+            // Never checked yet: the first transfer checks.
+            alive_at: std::sync::atomic::AtomicU64::new(NEVER),
+        })
     }
 
     /// Its pid in this pid namespace.
@@ -110,15 +131,16 @@ impl Process {
     /// # Why a recycled pid is never read or written
     ///
     /// `process_vm_readv`/`writev` take a pid, not a pidfd, so each system call is preceded by a
-    /// check that the pidfd's process is still there ([`Process::exited`]). The pidfd pins the
-    /// process, not its number; the number is freed only when the process is reaped, which the
-    /// check sees. For the kernel's lookup of the pid, a moment after the check, to find
-    /// another process, the peer would have to exit and be reaped in that moment *and* the pid
-    /// allocator, which hands out numbers cyclically up to `pid_max` (at least 32768, usually
-    /// 4194304 on 64-bit systems) skipping those in use, would have to come all the way round
-    /// to this number: tens of thousands of process creations within microseconds. That is
-    /// impossible in practice, not in principle; Linux has no pidfd-taking `process_vm_*`
-    /// that would close the window entirely.
+    /// check that the pidfd's process is still there ([`Process::exited`]), at most a
+    /// millisecond old (a fresh check costs a system call of its own, as much as a small
+    /// transfer). The pidfd pins the process, not its number; the number is freed only when
+    /// the process is reaped, which the check sees. For the kernel's lookup of the pid, within
+    /// a millisecond of the check, to find another process, the peer would have to exit and be
+    /// reaped in that millisecond *and* the pid allocator, which hands out numbers cyclically
+    /// up to `pid_max` (at least 32768, usually 4194304 on 64-bit systems) skipping those in
+    /// use, would have to come all the way round to this number: tens of thousands of process
+    /// creations within a millisecond. That is impossible in practice, not in principle; Linux
+    /// has no pidfd-taking `process_vm_*` that would close the window entirely.
     ///
     /// # Safety
     ///
@@ -146,9 +168,16 @@ impl Process {
     unsafe fn transfer(&self, addr: usize, local: *mut u8, len: usize, way: Way) -> io::Result<()> {
         let mut done = 0usize;
         while done < len {
-            // Before every system call that names the pid: see `read`.
-            if self.exited() {
-                return Err(io::Error::other(Exited { pid: self.pid }));
+            // Before every system call that names the pid, a check at most ALIVE_FOR_NS old:
+            // see `read`.
+            let now = monotonic_ns();
+            let at = self.alive_at.load(std::sync::atomic::Ordering::Relaxed);
+            if at == NEVER || now.saturating_sub(at) >= ALIVE_FOR_NS {
+                if self.exited() {
+                    return Err(io::Error::other(Exited { pid: self.pid }));
+                }
+                self.alive_at
+                    .store(now, std::sync::atomic::Ordering::Relaxed);
             }
             let here = libc::iovec {
                 iov_base: local.wrapping_add(done).cast(),

@@ -305,6 +305,11 @@ impl ShmLink {
         }
     }
 
+    /// Whether the peer process is gone (its pidfd, or the end of its socket, says so).
+    fn peer_exited(&mut self) -> bool {
+        self.peer_process.as_ref().is_some_and(|p| p.exited()) || self.peer_gone()
+    }
+
     /// Frees the oldest incoming slot and wakes the peer if it waits for room.
     fn free_slot(&mut self) {
         self.consumer.release(self.inbound.ring());
@@ -366,9 +371,20 @@ impl ShmLink {
                             "message by address, but its memory is not readable from here".into(),
                         ));
                     };
+                    if !self.consumer.begin_read(self.inbound.ring()) {
+                        // The sender withdrew it (it failed and gave its memory back).
+                        self.free_slot();
+                        return Err(self.protocol(format!(
+                            "rank {} withdrew a message it had handed over by address",
+                            self.peer
+                        )));
+                    }
                     // SAFETY: `dst` is the receive's memory or this slot's payload (room for
-                    // `len`, checked); the sender keeps its range valid until we free the slot.
-                    if let Err(e) = unsafe { process.read(addr, dst, len) } {
+                    // `len`, checked); the sender keeps its range valid until we free the slot
+                    // or it withdraws the message, which it does not while we read (above).
+                    let read = unsafe { process.read(addr, dst, len) };
+                    self.consumer.end_read(self.inbound.ring());
+                    if let Err(e) = read {
                         if cma::is_exit(&e) {
                             self.closed = true;
                             return Err(TransportError::PeerClosed { peer: self.peer });
@@ -600,8 +616,31 @@ impl Link for ShmLink {
 
     fn cancel(&mut self) {
         self.sends.clear();
-        // A by-address send already published may still be read by the peer; it only reads.
-        self.reading.clear();
+        // By-address sends already published: withdraw them, and wait out a read the peer has
+        // already begun (one system call), so that after this call the peer never reads their
+        // memory. A peer that exited reads nothing; one frozen in mid-read holds this call.
+        if !self.reading.is_empty() {
+            self.reading.clear();
+            if self.producer.revoke(self.outbound.ring()) {
+                let start = std::time::Instant::now();
+                let mut warned = start;
+                while self.producer.read_in_progress(self.outbound.ring()) {
+                    if self.peer_exited() {
+                        break;
+                    }
+                    if warned.elapsed() >= std::time::Duration::from_secs(10) {
+                        warned = std::time::Instant::now();
+                        tracing::error!(
+                            peer = self.peer,
+                            "rank {} is still reading a withdrawn message after {:?}",
+                            self.peer,
+                            start.elapsed()
+                        );
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
         self.recvs.clear();
         if self.lent.take().is_some() {
             self.free_slot();

@@ -10,6 +10,12 @@
 //!   receiver is already waiting for the next message (then it may hand over an address instead
 //!   of a copy: see the link).
 //!
+//! - `revoked` and `reading` guard messages handed over by address (the receiver reads the
+//!   sender's memory): the consumer says which message it is reading before it looks whether
+//!   the producer withdrew it, and the producer withdraws before it looks whether the consumer
+//!   is reading (Dekker's pattern, all four accesses sequentially consistent). So a producer
+//!   that withdrew its messages and then saw no read in progress knows none will start.
+//!
 //! Nothing here blocks, allocates or touches payload memory.
 
 use crossbeam_utils::CachePadded;
@@ -26,6 +32,10 @@ pub struct RingHeader {
     pub head: CachePadded<AtomicU64>,
     /// Receives posted by the consumer.
     pub posted: CachePadded<AtomicU64>,
+    /// Messages before this one are withdrawn by the producer: their memory must not be read.
+    pub revoked: CachePadded<AtomicU64>,
+    /// `seq + 1` while the consumer reads message `seq` from the producer's memory; 0 otherwise.
+    pub reading: CachePadded<AtomicU64>,
 }
 
 /// The producer's view of a ring.
@@ -80,6 +90,19 @@ impl Producer {
     pub fn receiver_waiting_for(&self, h: &RingHeader, seq: u64) -> bool {
         h.posted.load(Ordering::Acquire) > seq
     }
+
+    /// Withdraws every message published so far: the consumer will not start reading one from
+    /// this side's memory. Returns whether a read may still be under way (then wait until
+    /// [`Producer::read_in_progress`] says no).
+    pub fn revoke(&mut self, h: &RingHeader) -> bool {
+        h.revoked.store(self.tail, Ordering::SeqCst);
+        self.read_in_progress(h)
+    }
+
+    /// Whether the consumer is reading one of this side's messages from its memory.
+    pub fn read_in_progress(&self, h: &RingHeader) -> bool {
+        h.reading.load(Ordering::SeqCst) != 0
+    }
 }
 
 /// The consumer's view of a ring.
@@ -122,6 +145,23 @@ impl Consumer {
     /// Messages consumed so far.
     pub fn consumed(&self) -> u64 {
         self.head
+    }
+
+    /// Before reading the oldest message from the producer's memory: says so, and returns
+    /// false (saying so no more) if the producer withdrew it. [`Consumer::end_read`] follows a
+    /// `true`.
+    pub fn begin_read(&mut self, h: &RingHeader) -> bool {
+        h.reading.store(self.head + 1, Ordering::SeqCst);
+        if h.revoked.load(Ordering::SeqCst) > self.head {
+            h.reading.store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// After reading a message from the producer's memory.
+    pub fn end_read(&mut self, h: &RingHeader) {
+        h.reading.store(0, Ordering::SeqCst);
     }
 
     /// Records one more posted receive for the producer to see.

@@ -314,3 +314,46 @@ fn millions_of_random_sized_messages_both_ways_keep_their_checksums() {
         t.elapsed()
     );
 }
+
+#[test]
+fn a_cancelled_by_address_send_is_never_read_after_cancel_returns() {
+    let max = 256 * 1024;
+    let len = 100_000;
+    let (mut a, mut b) = pair(max, 4);
+    let mut msg: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+    let mut got = vec![0u8; len];
+    // SAFETY: `msg` and `got` outlive the operations: the send is cancelled before `msg` is
+    // touched again, and `got` is only read after the receive failed.
+    unsafe {
+        b.post_recv(1, RecvInto::Memory(RecvBuf::new(got.as_mut_ptr(), len)))
+            .unwrap();
+    }
+    // Let the receiver's posted receive become visible, then publish the send by address.
+    let mut out = Vec::new();
+    b.poll(&mut out).unwrap();
+    // SAFETY: as above.
+    unsafe { a.post_send(2, SendBuf::from_slice(&msg)).unwrap() };
+    a.poll(&mut out).unwrap();
+    assert!(
+        !out.iter().any(|c| matches!(c, Completion::Sent(2))),
+        "the send went by address, so it is not complete before the peer reads"
+    );
+    a.cancel();
+    // The caller has its memory back: reuse it.
+    msg.fill(0xEE);
+    let t = Instant::now();
+    let e = loop {
+        out.clear();
+        if let Err(e) = b.poll(&mut out) {
+            break e;
+        }
+        assert!(
+            !out.iter().any(|c| matches!(c, Completion::Received(1))),
+            "the receiver read a withdrawn message"
+        );
+        assert!(t.elapsed() < SECOND, "the receiver never noticed the withdrawal");
+    };
+    assert!(e.to_string().contains("withdrew"), "{e}");
+    assert!(got.iter().all(|&x| x == 0), "nothing may be read from the sender");
+    drop(msg);
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::algo::{Collective, Plan};
 use crate::comm::{Communicator, Inner};
 use crate::error::{Error, Result};
-use crate::exec::driver::OpResult;
+use crate::exec::op::OpResult;
 use crate::types::{Element, Rank, ReduceOp};
 
 mod sealed {

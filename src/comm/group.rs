@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::exec::descriptor::Descriptor;
-use crate::exec::driver::{Message, OpName, OpResult, Operation, Work};
+use crate::exec::op::{Message, OpName, OpResult, Operation, Work};
 use crate::types::{Element, Rank};
 
 use super::Communicator;

@@ -15,27 +15,32 @@
 //!
 //! When nothing moves, the loop spins briefly (latency), then yields (other ranks may share the
 //! core), then blocks in `poll(2)` on the links' descriptors and the abort waker, never past the
-//! operation's deadline.
+//! operation's deadline (the escalation is [`Backoff`]'s, shared with the group area).
 //!
 //! # Failure
 //!
 //! Any failure — timeout, dead or misbehaving peer, mismatched call, abort — fails the running
 //! operation with an error naming this rank, the peer and the operation, sends a control notice
 //! to every peer (so they fail fast too), then closes and drops every link: no transport can
-//! touch user memory after that, and every later operation fails at once with `Aborted`.
+//! touch user memory after that, and every later operation fails at once with `Aborted`. The
+//! notice's bytes are [`notice`]'s; what the group area uses of this engine while it runs a
+//! collective outside this loop is in `outside`.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxccl_transport::{Completion, Link, RecvBuf, RecvInto, SendBuf, Token, TransportError};
 
 use super::area::AreaPath;
+use super::backoff::{Backoff, Phase};
 use super::descriptor::{self, Descriptor};
-use super::progress::{Action, Compiled, Progress};
-use crate::algo::{Buffer, Collective, Op, Plan, Region};
+use super::flags::Flags;
+use super::notice;
+use super::op::{OpName, OpResult, Operation, Work};
+use super::progress::{Action, Progress};
+use crate::algo::{Buffer, Op, Plan, Region};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
 use crate::tune::Way;
@@ -51,198 +56,6 @@ const MAX_BLOCK: Duration = Duration::from_millis(50);
 /// them (the notices of peers that do leave at once).
 const NOTICE_FLUSH: Duration = Duration::from_secs(2);
 
-/// The result slot of one operation, shared with whoever waits for it.
-#[derive(Debug, Default)]
-pub struct OpResult {
-    done: AtomicBool,
-    slot: Mutex<Option<Result<()>>>,
-    cv: Condvar,
-    /// Threads blocked in `wait_for`: a condition variable's notify is a system call even with
-    /// nobody waiting, and the common case (the caller drives its own operation) has nobody.
-    waiters: AtomicUsize,
-}
-
-impl OpResult {
-    /// Whether the operation has finished (successfully or not).
-    pub fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
-
-    fn set(&self, r: Result<()>) {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if self.done.load(Ordering::Acquire) {
-            return;
-        }
-        *slot = Some(r);
-        self.done.store(true, Ordering::Release);
-        // Waiters register under the lock we hold, so none can slip in unseen.
-        if self.waiters.load(Ordering::Acquire) > 0 {
-            self.cv.notify_all();
-        }
-    }
-
-    /// Takes the result once the operation is done.
-    pub fn take(&self) -> Option<Result<()>> {
-        if !self.is_done() {
-            return None;
-        }
-        self.slot.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    /// Blocks until the operation is done or `timeout` passes; returns whether it is done.
-    pub fn wait_for(&self, timeout: Duration) -> bool {
-        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        self.waiters.fetch_add(1, Ordering::AcqRel);
-        let (_slot, _) = self
-            .cv
-            .wait_timeout_while(slot, timeout, |_| !self.done.load(Ordering::Acquire))
-            .unwrap_or_else(|p| p.into_inner());
-        self.waiters.fetch_sub(1, Ordering::AcqRel);
-        self.is_done()
-    }
-}
-
-/// Abort flag and the waker that interrupts a blocked driver; shared with `abort()`.
-#[derive(Debug)]
-pub struct Flags {
-    aborted: AtomicBool,
-    /// Peers were sent this rank's failure notice.
-    told: AtomicBool,
-    waker: Option<OwnedFd>,
-}
-
-impl Flags {
-    /// New flags with an eventfd waker (or none if the system refuses one: the driver then
-    /// notices an abort within its longest block).
-    pub fn new() -> Flags {
-        let waker = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .ok();
-        Flags {
-            aborted: AtomicBool::new(false),
-            told: AtomicBool::new(false),
-            waker,
-        }
-    }
-
-    /// Marks the communicator aborted and wakes a blocked driver.
-    pub fn abort(&self) {
-        self.aborted.store(true, Ordering::Release);
-        if let Some(w) = &self.waker {
-            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
-        }
-    }
-
-    /// Whether `abort` was called.
-    pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::Acquire)
-    }
-
-    /// Whether this rank's failure notices went out to its peers (the communicator failed).
-    pub fn peers_told(&self) -> bool {
-        self.told.load(Ordering::Acquire)
-    }
-}
-
-impl Default for Flags {
-    fn default() -> Self {
-        Flags::new()
-    }
-}
-
-/// What an operation does.
-pub enum Work {
-    /// A collective: run `schedule` over the bound buffers, after exchanging `descriptor` with
-    /// every peer the schedule talks to.
-    Schedule {
-        /// This rank's schedule, indexed.
-        schedule: Arc<Compiled>,
-        /// What this rank called.
-        descriptor: Descriptor,
-        /// Element type, for reductions.
-        dtype: DataType,
-    },
-    /// An all-reduce through the shared group area, run to completion when it starts (the
-    /// area's ways wait on shared memory, not on links).
-    Area {
-        /// The call.
-        plan: Plan,
-        /// The way the routing decision chose.
-        way: Way,
-        /// Its sequence number among this communicator's collectives.
-        seq: u64,
-    },
-    /// Point-to-point messages, all posted at once (so paired sends and receives cannot
-    /// deadlock), after exchanging a descriptor with each peer.
-    PointToPoint {
-        /// The messages, each at most one slice.
-        messages: Vec<Message>,
-        /// Per peer, this rank's descriptor for the group.
-        descriptors: Vec<(Rank, Descriptor)>,
-    },
-}
-
-/// One point-to-point message of a group.
-#[derive(Clone, Copy, Debug)]
-pub struct Message {
-    /// The peer.
-    pub peer: Rank,
-    /// Send (`true`) or receive.
-    pub send: bool,
-    /// The memory.
-    pub ptr: *mut u8,
-    /// Its length.
-    pub len: usize,
-}
-
-/// What an operation is called in errors: formatted only when needed.
-#[derive(Clone, Debug)]
-pub enum OpName {
-    /// Collective number `seq` of this communicator.
-    Collective(Collective, u64),
-    /// A group of point-to-point operations with these peers.
-    PointToPoint(Vec<Rank>),
-}
-
-impl std::fmt::Display for OpName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpName::Collective(c, seq) => write!(f, "{c} #{seq}"),
-            OpName::PointToPoint(peers) => {
-                f.write_str("point-to-point with rank(s) ")?;
-                for (i, p) in peers.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{p}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// An operation handed to the engine.
-pub struct Operation {
-    /// Its name with sequence number, for errors (`all_reduce #3`).
-    pub name: OpName,
-    /// What to do.
-    pub work: Work,
-    /// Input memory (`Buffer::Input`).
-    pub input: (*const u8, usize),
-    /// Output memory (`Buffer::Output`).
-    pub output: (*mut u8, usize),
-    /// Where the result goes.
-    pub result: Arc<OpResult>,
-}
-
-// SAFETY: an Operation carries raw pointers to memory its submitter keeps valid (and does not
-// otherwise touch) until `result` is set; the engine only dereferences them while running the
-// operation, under the communicator's lock, from whichever thread drives.
-unsafe impl Send for Operation {}
-
 /// Token layout: serial (24 bits) | kind (8) | index (32).
 const KIND_STEP: u64 = 0;
 const KIND_DESC_SEND: u64 = 1;
@@ -256,10 +69,6 @@ fn token(serial: u64, kind: u64, index: usize) -> Token {
 fn split_token(t: Token) -> (u64, u64, usize) {
     (t >> 40, (t >> 32) & 0xFF, (t & 0xFFFF_FFFF) as usize)
 }
-
-/// Control notice kinds (first byte of a control message).
-const NOTICE_FAILED: u8 = 1;
-const NOTICE_MISMATCH: u8 = 2;
 
 /// The running operation's state.
 struct Running {
@@ -279,8 +88,8 @@ struct Running {
 
 /// The per-communicator executor. See the module docs.
 pub struct Engine {
-    rank: Rank,
-    links: Vec<Option<Box<dyn Link>>>,
+    pub(super) rank: Rank,
+    pub(super) links: Vec<Option<Box<dyn Link>>>,
     /// Per peer, why its link is gone (an error seen while no operation needed it).
     dead: Vec<Option<String>>,
     queue: VecDeque<Operation>,
@@ -288,7 +97,7 @@ pub struct Engine {
     serial: u64,
     scratch: Vec<u64>,
     completions: Vec<(Rank, Completion)>,
-    polled: Vec<Completion>,
+    pub(super) polled: Vec<Completion>,
     broken: Option<String>,
     timeout: Duration,
     flags: Arc<Flags>,
@@ -368,45 +177,43 @@ impl Engine {
 
     /// Drives until `result` is set.
     pub fn drive_until(&mut self, result: &OpResult) {
-        let mut idle_since: Option<Instant> = None;
+        let mut backoff = Backoff::new(SPIN, YIELD);
         while !result.is_done() {
             if self.pass() {
-                idle_since = None;
+                backoff.reset();
                 continue;
             }
-            self.idle(&mut idle_since);
+            self.idle(&mut backoff);
         }
     }
 
     /// Drives until nothing is queued or running, or `budget` has passed.
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
-        let mut idle_since: Option<Instant> = None;
+        let mut backoff = Backoff::new(SPIN, YIELD);
         while self.busy() && Instant::now() < end {
             if self.pass() {
-                idle_since = None;
+                backoff.reset();
                 continue;
             }
-            self.idle(&mut idle_since);
+            self.idle(&mut backoff);
         }
     }
 
     /// Backs off after a pass that moved nothing: spin, then yield, then block.
-    fn idle(&mut self, idle_since: &mut Option<Instant>) {
+    fn idle(&mut self, backoff: &mut Backoff) {
         let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        let idle = now - since;
-        if idle < SPIN {
-            std::hint::spin_loop();
-        } else if idle < YIELD {
-            std::thread::yield_now();
-        } else {
-            let until = self
-                .running
-                .as_ref()
-                .map(|r| r.deadline)
-                .unwrap_or(now + MAX_BLOCK);
-            self.block(until.saturating_duration_since(now).min(MAX_BLOCK));
+        match backoff.phase(now) {
+            Phase::Spin => std::hint::spin_loop(),
+            Phase::Yield => std::thread::yield_now(),
+            Phase::Sleep => {
+                let until = self
+                    .running
+                    .as_ref()
+                    .map(|r| r.deadline)
+                    .unwrap_or(now + MAX_BLOCK);
+                self.block(until.saturating_duration_since(now).min(MAX_BLOCK));
+            }
         }
     }
 
@@ -450,8 +257,8 @@ impl Engine {
                     (unsafe { BorrowedFd::borrow_raw(r.fd) }, flags)
                 })
                 .collect();
-            if let Some(w) = &self.flags.waker {
-                fds.push((w.as_fd(), rustix::event::PollFlags::IN));
+            if let Some(w) = self.flags.waker() {
+                fds.push((w, rustix::event::PollFlags::IN));
             }
             let mut pollfds: Vec<rustix::event::PollFd<'_>> = fds
                 .iter()
@@ -960,9 +767,7 @@ impl Engine {
                             theirs: theirs.clone(),
                         };
                         if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) {
-                            let mut notice = vec![NOTICE_MISMATCH];
-                            notice.extend(ours.to_string().as_bytes());
-                            let _ = link.post_control(&notice[..notice.len().min(4096)]);
+                            let _ = link.post_control(&notice::mismatch(&ours));
                         }
                         return Err(e);
                     }
@@ -1005,42 +810,13 @@ impl Engine {
             .running
             .as_ref()
             .map_or_else(|| "the next operation".into(), |r| r.op.name.to_string());
-        match bytes.first() {
-            Some(&NOTICE_MISMATCH) => {
-                let ours = self
-                    .running
-                    .as_ref()
-                    .and_then(|r| r.desc_out.first())
-                    .and_then(|(_, d)| Descriptor::decode(&d[..]));
-                Error::Mismatch {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    ours: ours.map_or("nothing".into(), |d| d.to_string()),
-                    theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
-                }
-            }
-            _ => {
-                let origin = bytes
-                    .get(1..5)
-                    .and_then(|b| b.try_into().ok())
-                    .map(|b| u32::from_le_bytes(b) as Rank)
-                    .filter(|&o| o < self.links.len() && o != self.rank)
-                    .unwrap_or(peer);
-                let text = String::from_utf8_lossy(bytes.get(5..).unwrap_or_default()).into_owned();
-                let cause = if origin == peer {
-                    text
-                } else {
-                    format!("reported by rank {peer}: {text}")
-                };
-                Error::PeerFailed {
-                    rank: self.rank,
-                    peer: origin,
-                    op,
-                    cause,
-                }
-            }
-        }
+        let ours = self
+            .running
+            .as_ref()
+            .and_then(|r| r.desc_out.first())
+            .and_then(|(_, d)| Descriptor::decode(&d[..]));
+        let ours = ours.map_or("nothing".into(), |d| d.to_string());
+        notice::decode(bytes, (self.rank, self.links.len()), peer, op, ours)
     }
 
     fn no_link(&self, peer: Rank) -> Error {
@@ -1080,7 +856,12 @@ impl Engine {
     /// Links are cancelled, not closed: no transport touches operation memory any more, yet a
     /// notice still reaches peers, and they are not led to blame this rank for a failure it
     /// only saw. Connections close when the communicator is dropped.
-    fn fail(&mut self, error: Option<Error>, why: String, notice: Option<(Rank, String)>) {
+    pub(super) fn fail(
+        &mut self,
+        error: Option<Error>,
+        why: String,
+        notice: Option<(Rank, String)>,
+    ) {
         if self.broken.is_some() {
             return;
         }
@@ -1089,10 +870,7 @@ impl Engine {
             link.cancel();
         }
         if let Some((origin, text)) = notice {
-            let mut msg = vec![NOTICE_FAILED];
-            msg.extend((origin as u32).to_le_bytes());
-            msg.extend(format!("rank {}: {text}", self.rank).as_bytes());
-            msg.truncate(4096);
+            let msg = notice::failed(self.rank, origin, &text);
             let mut sink = Vec::new();
             let mut pending: Vec<usize> = Vec::new();
             for (peer, link) in self.links.iter_mut().enumerate() {
@@ -1122,12 +900,13 @@ impl Engine {
                     tracing::warn!(
                         rank = self.rank,
                         ?pending,
-                        "failure notice not delivered to these ranks within {NOTICE_FLUSH:?}"
+                        "failure notice not taken by these ranks in time"
                     );
                     break;
                 }
                 std::thread::yield_now();
             }
+            self.flags.set_told();
         }
         if let Some(r) = self.running.take() {
             let e = error.unwrap_or_else(|| Error::Aborted {
@@ -1145,146 +924,6 @@ impl Engine {
                 why: why.clone(),
             }));
         }
-    }
-
-    /// While this rank runs a collective outside the engine (the shared-area path), checks
-    /// that no peer died, sent a failure notice, or started a different collective (its
-    /// descriptor waiting on the link). On any of these the communicator fails, peers are
-    /// told, and the error is returned.
-    ///
-    /// A descriptor waiting on a link is a mismatch only if `settled` says that what this
-    /// rank waits for has still not happened: a peer that finished this collective (everything
-    /// any rank waits for in it happened before) may already have started the next one, whose
-    /// descriptor then stays on the link for the engine.
-    pub fn check_outside(
-        &mut self,
-        name: &OpName,
-        ours: &Descriptor,
-        settled: &mut dyn FnMut() -> bool,
-    ) -> Result<()> {
-        let mut found: Option<Error> = None;
-        for peer in 0..self.links.len() {
-            let Some(link) = self.links[peer].as_mut() else {
-                continue;
-            };
-            self.polled.clear();
-            let polled = link.poll(&mut self.polled);
-            if let Some(Completion::Control(bytes)) = self
-                .polled
-                .iter()
-                .find(|c| matches!(c, Completion::Control(_)))
-            {
-                let bytes = bytes.clone();
-                found = Some(self.notice_outside(peer, name, ours, &bytes));
-                break;
-            }
-            if let Err(e) = polled {
-                found = Some(Error::PeerFailed {
-                    rank: self.rank,
-                    peer,
-                    op: name.to_string(),
-                    cause: e.to_string(),
-                });
-                break;
-            }
-            if link.peer_gone() {
-                found = Some(Error::PeerFailed {
-                    rank: self.rank,
-                    peer,
-                    op: name.to_string(),
-                    cause: "its connection closed".into(),
-                });
-                break;
-            }
-            if link.has_incoming() {
-                if settled() {
-                    // The peer is ahead; this rank is about to go on.
-                    return Ok(());
-                }
-                let theirs = self.read_descriptor(peer);
-                let e = Error::Mismatch {
-                    rank: self.rank,
-                    peer,
-                    op: name.to_string(),
-                    ours: ours.to_string(),
-                    theirs: theirs
-                        .map_or("a call that is not a collective".into(), |d| d.to_string()),
-                };
-                if let Some(link) = self.links[peer].as_mut() {
-                    let mut notice = vec![NOTICE_MISMATCH];
-                    notice.extend(ours.to_string().as_bytes());
-                    let _ = link.post_control(&notice[..notice.len().min(4096)]);
-                }
-                found = Some(e);
-                break;
-            }
-        }
-        match found {
-            None => Ok(()),
-            Some(e) => {
-                self.fail_outside(&e);
-                Err(e)
-            }
-        }
-    }
-
-    /// Receives the descriptor that waits on `peer`'s link (briefly; `None` if it is not one).
-    fn read_descriptor(&mut self, peer: Rank) -> Option<Descriptor> {
-        let link = self.links[peer].as_mut()?;
-        let mut buf = [0u8; descriptor::LEN];
-        // SAFETY: `buf` outlives the receive: we poll until it completes or give up, and a
-        // receive given up on is cancelled (the communicator fails right after).
-        unsafe {
-            link.post_recv(
-                u64::MAX,
-                RecvInto::Memory(RecvBuf::new(buf.as_mut_ptr(), buf.len())),
-            )
-            .ok()?
-        };
-        let until = Instant::now() + Duration::from_millis(100);
-        let mut out = Vec::new();
-        while Instant::now() < until {
-            if link.poll(&mut out).is_err() {
-                break;
-            }
-            if out
-                .iter()
-                .any(|c| matches!(c, Completion::Received(u64::MAX)))
-            {
-                return Descriptor::decode(&buf);
-            }
-        }
-        link.cancel();
-        None
-    }
-
-    fn notice_outside(&self, peer: Rank, name: &OpName, ours: &Descriptor, bytes: &[u8]) -> Error {
-        match bytes.first() {
-            Some(&NOTICE_MISMATCH) => Error::Mismatch {
-                rank: self.rank,
-                peer,
-                op: name.to_string(),
-                ours: ours.to_string(),
-                theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
-            },
-            _ => {
-                let mut e = self.notice(peer, bytes);
-                if let Error::PeerFailed { op, .. } = &mut e {
-                    *op = name.to_string();
-                }
-                e
-            }
-        }
-    }
-
-    /// Fails the communicator because of `e`, found outside the engine.
-    pub fn fail_outside(&mut self, e: &Error) {
-        let origin = match e {
-            Error::PeerFailed { peer, .. } => *peer,
-            _ => self.rank,
-        };
-        let why = e.to_string();
-        self.fail(None, why.clone(), Some((origin, why)));
     }
 
     /// Fails everything and closes every connection (the communicator is being dropped).

@@ -542,8 +542,13 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     let d = seconds(s)?;
-    if d.is_zero() {
-        return Err("the timeout must be positive".into());
+    let (lo, hi) = (oxccl::Config::MIN_TIMEOUT, oxccl::Config::MAX_TIMEOUT);
+    if d < lo || d > hi {
+        return Err(format!(
+            "the timeout must be from {} s to {} s",
+            lo.as_secs_f64(),
+            hi.as_secs()
+        ));
     }
     Ok(d)
 }
@@ -561,6 +566,14 @@ mod tests {
         Cli::try_parse_from(argv)
             .map_err(|e| e.to_string())?
             .resolve()
+    }
+
+    #[test]
+    fn timeouts_outside_what_the_library_takes_are_refused_here() {
+        for bad in ["0", "-1", "nan", "1e20", "inf", "0.0001", "soon"] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_timeout("2.5"), Ok(Duration::from_millis(2500)));
     }
 
     #[test]

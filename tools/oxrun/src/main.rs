@@ -68,7 +68,14 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     if secs.is_nan() || secs <= 0.0 {
         return Err(format!("{s:?} is not a positive number of seconds"));
     }
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+    let d = Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
+    if d > oxccl::Config::MAX_TIMEOUT {
+        return Err(format!(
+            "{s:?}: at most {} s (a year)",
+            oxccl::Config::MAX_TIMEOUT.as_secs()
+        ));
+    }
+    Ok(d)
 }
 
 /// One started rank.

@@ -351,9 +351,15 @@ fn a_cancelled_by_address_send_is_never_read_after_cancel_returns() {
             !out.iter().any(|c| matches!(c, Completion::Received(1))),
             "the receiver read a withdrawn message"
         );
-        assert!(t.elapsed() < SECOND, "the receiver never noticed the withdrawal");
+        assert!(
+            t.elapsed() < SECOND,
+            "the receiver never noticed the withdrawal"
+        );
     };
     assert!(e.to_string().contains("withdrew"), "{e}");
-    assert!(got.iter().all(|&x| x == 0), "nothing may be read from the sender");
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "nothing may be read from the sender"
+    );
     drop(msg);
 }

@@ -1,0 +1,110 @@
+//! The two-shot all-reduce (everything the other ways do not take), one area turn per piece:
+//! reduce-scatter then all-gather through the ranks' area buffers, user-space copies only.
+
+use super::{AreaPath, Waiter, slicer};
+use crate::algo::Plan;
+use crate::error::Result;
+use crate::reduce::{cpu, stream};
+use crate::types::ReduceOp;
+
+/// Bytes reduced before the result is copied out (it is still in L1 then).
+const FOLD_BYTES: usize = 32 * 1024;
+/// Two-shot all-reduces at least this large, counting the whole message, write their output
+/// (out of place) with non-temporal stores, as direct ones do from their own threshold: below
+/// it, inputs and outputs fit in cache together and normal stores win.
+const STAGED_STREAM_MIN: usize = 8 << 20;
+
+impl AreaPath {
+    /// One piece of a two-shot all-reduce, `bytes` long at `input`/`output` (the same memory
+    /// when `in_place`): each rank copies into its buffer the slices its peers reduce, reduces
+    /// its own slice reading the peers' copies into its buffer and its output, and copies
+    /// every other slice's result from its owner's buffer. Shared memory only, no system call.
+    pub(super) fn two_shot_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        (bytes, in_place): (usize, bool),
+        input: *const u8,
+        output: *mut u8,
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let size = plan.dtype.size();
+        let slice = slicer(bytes / size, n, size);
+        let mine = self.area.my_buffer(turn);
+        for q in (0..n).filter(|&q| q != me) {
+            let (lo, hi) = slice(q);
+            // SAFETY: `input` holds `bytes` bytes and the buffer AREA_BYTES ≥ `bytes` (pieces
+            // are never larger); this rank owns its buffer (see `exchange`).
+            unsafe { std::ptr::copy_nonoverlapping(input.add(lo), mine.add(lo), hi - lo) };
+        }
+        // The publication says the copies are there.
+        let mut all = Vec::with_capacity(n);
+        self.exchange(w, turn, ([].as_ptr(), 0), bytes, |_, data| {
+            all.push(data);
+            Ok(())
+        })?;
+        let stream = !in_place && plan.count * size >= STAGED_STREAM_MIN;
+        let copy_out = |at: usize, from: *const u8, len: usize| {
+            // SAFETY: `output` holds `bytes` bytes and this range is ours to write (`input`, if
+            // the same memory, is done being read there); `from` is area memory, disjoint.
+            let (out, from) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(output.add(at), len),
+                    std::slice::from_raw_parts(from, len),
+                )
+            };
+            if stream {
+                stream::copy_streaming(out, from);
+            } else {
+                out.copy_from_slice(from);
+            }
+        };
+        // Our slice, a few KiB at a time: fold into our buffer, then copy to our output.
+        let (lo, hi) = slice(me);
+        let fold = FOLD_BYTES / size * size;
+        let mut at = lo;
+        while at < hi {
+            let len = fold.min(hi - at);
+            // SAFETY: our own buffer's slice, which peers read only after our progress below;
+            // `input` holds `bytes` bytes.
+            let (res, a) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(mine.add(at), len),
+                    std::slice::from_raw_parts(input.add(at), len),
+                )
+            };
+            let peers = all.iter().enumerate().filter(|&(q, _)| q != me);
+            for (k, (_, &data)) in peers.enumerate() {
+                // SAFETY: peers' buffers hold their copies of this slice, unchanged until they
+                // publish `turn + 1`.
+                let theirs = unsafe { std::slice::from_raw_parts(data.add(at), len) };
+                if k == 0 {
+                    cpu::reduce_into_bytes(res, a, theirs, plan.dtype, plan.op.combiner())?;
+                } else {
+                    cpu::reduce_bytes(res, theirs, plan.dtype, plan.op.combiner())?;
+                }
+            }
+            if plan.op == ReduceOp::Avg {
+                cpu::divide_bytes(res, plan.dtype, n)?;
+            }
+            copy_out(at, res.as_ptr(), len);
+            at += len;
+        }
+        self.area.set_progress(turn, 1);
+        for q in (1..n).map(|k| (me + k) % n) {
+            let (lo, hi) = slice(q);
+            w.until(|| {
+                if self.area.progress(q, turn) >= 1 {
+                    Ok(())
+                } else {
+                    Err(q)
+                }
+            })?;
+            // Rank q's result for its slice, complete (its progress said so) and unchanged
+            // until it publishes `turn + 1`.
+            copy_out(lo, all[q].wrapping_add(lo), hi - lo);
+        }
+        Ok(())
+    }
+}

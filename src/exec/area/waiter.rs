@@ -1,0 +1,170 @@
+//! Waiting for peers through shared memory with the engine's guarantees: abort, the deadline,
+//! dead peers, failure notices and mismatched calls end a wait as they would in the engine.
+
+use std::time::{Duration, Instant};
+
+use oxccl_transport_shm::area::Area;
+
+use crate::error::{Error, Result};
+use crate::exec::backoff::{Backoff, Phase};
+use crate::exec::descriptor::Descriptor;
+use crate::exec::driver::Engine;
+use crate::exec::flags::Flags;
+use crate::exec::op::OpName;
+use crate::types::Rank;
+
+/// Yield until this long before sleeping.
+const YIELD: Duration = Duration::from_micros(100);
+/// Look at the links this often while waiting.
+pub(super) const CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// Waiting for shared memory, with the engine's guarantees.
+pub(super) struct Waiter<'a> {
+    pub(super) engine: &'a mut Engine,
+    flags: &'a Flags,
+    area: &'a Area,
+    pub(super) name: &'a OpName,
+    pub(super) ours: &'a Descriptor,
+    deadline: Instant,
+    pub(super) timeout: Duration,
+    checked: Instant,
+    rank: Rank,
+    spin: Duration,
+}
+
+impl<'a> Waiter<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        engine: &'a mut Engine,
+        flags: &'a Flags,
+        area: &'a Area,
+        name: &'a OpName,
+        ours: &'a Descriptor,
+        (timeout, spin): (Duration, Duration),
+        rank: Rank,
+    ) -> Waiter<'a> {
+        let now = Instant::now();
+        Waiter {
+            engine,
+            flags,
+            area,
+            name,
+            ours,
+            deadline: now + timeout,
+            timeout,
+            checked: now,
+            rank,
+            spin,
+        }
+    }
+
+    /// Between parts of a direct all-reduce: fails if this rank was aborted or is past its
+    /// deadline, if a rank gave up `turn`, or (every [`CHECK_EVERY`]) if a link says a peer
+    /// failed.
+    pub(super) fn check_running(&mut self, turn: u64) -> Result<()> {
+        if let Some(peer) = self.area.abandoned(turn) {
+            // Nothing more to touch: say so before looking for why (peers wait on it).
+            self.area.leave();
+            return Err(self.gave_up(peer, turn));
+        }
+        let now = Instant::now();
+        if let Some(e) = self.flag_error(now, None) {
+            return Err(e);
+        }
+        if now - self.checked >= CHECK_EVERY {
+            self.checked = now;
+            let area = self.area;
+            self.engine.check_outside(self.name, self.ours, &mut || {
+                area.unfinished(turn).is_none()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The error of a call that rank `peer` gave up, failing the communicator. The rank that
+    /// gave up sent its failure notice first, so the links usually say what happened and to
+    /// whom (a rank that died, say): that error wins.
+    pub(super) fn gave_up(&mut self, peer: Rank, turn: u64) -> Error {
+        let until = Instant::now() + Duration::from_millis(100);
+        let area = self.area;
+        loop {
+            let settled = &mut || area.unfinished(turn).is_none();
+            if let Err(e) = self.engine.check_outside(self.name, self.ours, settled) {
+                return e;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        let e = Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op: self.name.to_string(),
+            cause: "it gave up this call (failed, timed out or aborted)".into(),
+        };
+        self.engine.fail_outside(&e);
+        e
+    }
+
+    /// The error if abort() was called or the deadline passed (`blocker`: the rank waited
+    /// for, if any); the caller fails the communicator with it.
+    fn flag_error(&self, now: Instant, blocker: Option<Rank>) -> Option<Error> {
+        if self.flags.is_aborted() {
+            return Some(Error::Aborted {
+                rank: self.rank,
+                op: self.name.to_string(),
+                why: "abort() was called".into(),
+            });
+        }
+        (now >= self.deadline).then(|| Error::Timeout {
+            rank: self.rank,
+            op: self.name.to_string(),
+            peer: blocker.filter(|&r| r != self.rank),
+            after: self.timeout,
+        })
+    }
+
+    /// Waits until `ready` gives a value; until then it names the rank it waits for. Spins
+    /// first (the peer is usually running on another core), then yields (it may share ours),
+    /// then sleeps on that rank's futex, waking at least every [`CHECK_EVERY`] to look at the
+    /// links, the deadline and abort.
+    pub(super) fn until<T>(
+        &mut self,
+        mut ready: impl FnMut() -> std::result::Result<T, Rank>,
+    ) -> Result<T> {
+        let mut spins = 0u32;
+        let mut backoff = Backoff::new(self.spin, YIELD);
+        loop {
+            let blocker = match ready() {
+                Ok(v) => return Ok(v),
+                Err(r) => r,
+            };
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(64) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            let phase = backoff.phase(now);
+            if let Some(e) = self.flag_error(now, Some(blocker)) {
+                self.engine.fail_outside(&e);
+                return Err(e);
+            }
+            if now - self.checked >= CHECK_EVERY {
+                self.checked = now;
+                self.engine
+                    .check_outside(self.name, self.ours, &mut || ready().is_ok())?;
+            }
+            match phase {
+                // Still spinning: straight back to looking (the counter above paces it).
+                Phase::Spin => {}
+                Phase::Yield => std::thread::yield_now(),
+                Phase::Sleep => {
+                    let nap = CHECK_EVERY.min(self.deadline - now);
+                    self.area.sleep_on(blocker, nap, || ready().is_ok());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The flags a communicator shares between its engine and `abort()`: the abort flag, whether
+//! peers were told of a failure, and the eventfd that wakes a driver blocked in `poll(2)`.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Abort flag and the waker that interrupts a blocked driver; shared with `abort()`.
+#[derive(Debug)]
+pub struct Flags {
+    aborted: AtomicBool,
+    /// Peers were sent this rank's failure notice.
+    told: AtomicBool,
+    waker: Option<OwnedFd>,
+}
+
+impl Flags {
+    /// New flags with an eventfd waker (or none if the system refuses one: the driver then
+    /// notices an abort within its longest block).
+    pub fn new() -> Flags {
+        let waker = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .ok();
+        Flags {
+            aborted: AtomicBool::new(false),
+            told: AtomicBool::new(false),
+            waker,
+        }
+    }
+
+    /// Marks the communicator aborted and wakes a blocked driver.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        if let Some(w) = &self.waker {
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Whether `abort` was called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// The eventfd a blocked driver polls to notice `abort`, if the system gave one.
+    pub(super) fn waker(&self) -> Option<BorrowedFd<'_>> {
+        self.waker.as_ref().map(|w| w.as_fd())
+    }
+
+    /// Whether this rank's failure notices went out to its peers (the communicator failed).
+    pub fn peers_told(&self) -> bool {
+        self.told.load(Ordering::Acquire)
+    }
+
+    /// Records that this rank's failure notices went out.
+    pub(super) fn set_told(&self) {
+        self.told.store(true, Ordering::Release);
+    }
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags::new()
+    }
+}

@@ -1,0 +1,78 @@
+//! Control notices: what a failing rank tells its peers so they fail fast instead of waiting
+//! for their deadline. Building a notice and reading one back into an [`Error`]; sending them
+//! is the engine's job.
+//!
+//! A notice is one control message: a kind byte, then
+//! - [`NOTICE_FAILED`]: the rank at the root of the failure (`u32`, little-endian), then what
+//!   happened, as text;
+//! - [`NOTICE_MISMATCH`]: the sender's descriptor, as text.
+
+use super::descriptor::Descriptor;
+use crate::error::Error;
+use crate::types::Rank;
+
+/// Control notice kinds (first byte of a control message).
+const NOTICE_FAILED: u8 = 1;
+const NOTICE_MISMATCH: u8 = 2;
+
+/// Longest notice: a control message carries at most 4 KiB.
+const MAX_BYTES: usize = 4096;
+
+/// The notice `rank` sends when it fails: `origin` (the rank at the root of the failure) and
+/// what happened.
+pub(super) fn failed(rank: Rank, origin: Rank, text: &str) -> Vec<u8> {
+    let mut msg = vec![NOTICE_FAILED];
+    msg.extend((origin as u32).to_le_bytes());
+    msg.extend(format!("rank {rank}: {text}").as_bytes());
+    msg.truncate(MAX_BYTES);
+    msg
+}
+
+/// The notice a rank sends the peer whose call differs from its own (`ours`).
+pub(super) fn mismatch(ours: &Descriptor) -> Vec<u8> {
+    let mut msg = vec![NOTICE_MISMATCH];
+    msg.extend(ours.to_string().as_bytes());
+    msg.truncate(MAX_BYTES);
+    msg
+}
+
+/// The error that `peer`'s notice `bytes` stands for, seen by `rank` of `size` ranks while it
+/// runs `op`, whose descriptor reads `ours`. A failure reported on behalf of another rank names
+/// that rank (if it is a plausible one: a peer, not this rank) and says who reported it.
+pub(super) fn decode(
+    bytes: &[u8],
+    (rank, size): (Rank, usize),
+    peer: Rank,
+    op: String,
+    ours: String,
+) -> Error {
+    match bytes.first() {
+        Some(&NOTICE_MISMATCH) => Error::Mismatch {
+            rank,
+            peer,
+            op,
+            ours,
+            theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
+        },
+        _ => {
+            let origin = bytes
+                .get(1..5)
+                .and_then(|b| b.try_into().ok())
+                .map(|b| u32::from_le_bytes(b) as Rank)
+                .filter(|&o| o < size && o != rank)
+                .unwrap_or(peer);
+            let text = String::from_utf8_lossy(bytes.get(5..).unwrap_or_default()).into_owned();
+            let cause = if origin == peer {
+                text
+            } else {
+                format!("reported by rank {peer}: {text}")
+            };
+            Error::PeerFailed {
+                rank,
+                peer: origin,
+                op,
+                cause,
+            }
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The edge between C and Rust: every exported function runs its body through [`guard`], which
+//! catches panics, turns errors into result codes and keeps the calling thread's last error
+//! message for `oxcclGetLastError`. Also the argument checks every function shares.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use oxccl_core::{DataType, Error, ReduceOp};
+
+use crate::abi::*;
+
+/// Why a call failed: its result code and a message for `oxcclGetLastError`.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: oxcclResult_t,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    /// An `oxcclInvalidArgument` failure.
+    pub(crate) fn invalid(message: impl Into<String>) -> Failure {
+        Failure {
+            code: oxcclInvalidArgument,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    /// The result code NCCL would return for the same failure:
+    ///
+    /// - `InvalidArgument` → `oxcclInvalidArgument`;
+    /// - `Timeout` → `oxcclTimeout`;
+    /// - `PeerFailed` and `Aborted` → `oxcclRemoteError`: the group is broken (a peer died or
+    ///   aborted, or this communicator was aborted) and the call cannot complete — NCCL's
+    ///   "remote process exited or there was a network error";
+    /// - `Mismatch` → `oxcclInvalidUsage`: the ranks' calls disagree, a bug in the program;
+    /// - `Io`, `Bootstrap`, `Transport`, `Unavailable` → `oxcclSystemError`;
+    /// - anything newer → `oxcclInternalError`.
+    fn from(e: Error) -> Failure {
+        let code = match &e {
+            Error::InvalidArgument(_) => oxcclInvalidArgument,
+            Error::Timeout { .. } => oxcclTimeout,
+            Error::PeerFailed { .. } | Error::Aborted { .. } => oxcclRemoteError,
+            Error::Mismatch { .. } => oxcclInvalidUsage,
+            Error::Io { .. }
+            | Error::Bootstrap(_)
+            | Error::Transport { .. }
+            | Error::Unavailable(_) => oxcclSystemError,
+            _ => oxcclInternalError,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// `Result` of a function body.
+pub(crate) type Outcome = Result<(), Failure>;
+
+thread_local! {
+    /// The message of the last failed call on this thread.
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+}
+
+/// Runs `body` as the exported function `name`: a failure is recorded as this thread's last
+/// error (prefixed by `name`) and returned as its code; a panic becomes `oxcclInternalError`.
+pub(crate) fn guard(name: &str, body: impl FnOnce() -> Outcome) -> oxcclResult_t {
+    let failure = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return oxcclSuccess,
+        Ok(Err(f)) => f,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Failure {
+                code: oxcclInternalError,
+                message: format!("internal error (a bug in oxccl, please report it): {what}"),
+            }
+        }
+    };
+    set_last_error(&format!("{name}: {}", failure.message));
+    failure.code
+}
+
+/// Records `message` as this thread's last error.
+pub(crate) fn set_last_error(message: &str) {
+    // An interior NUL would end the C string early: replace it.
+    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    // `try_with`: a call from a thread-local destructor, after this one is gone, keeps no message
+    // rather than panicking outside the guard.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(text));
+}
+
+/// This thread's last error message ("" if none), valid until the thread's next failing call.
+pub(crate) fn last_error() -> *const std::ffi::c_char {
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_deref().unwrap_or(c"").as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+/// The static description of a result code.
+pub(crate) fn error_string(result: oxcclResult_t) -> &'static CStr {
+    match result {
+        oxcclSuccess => c"no error",
+        oxcclUnhandledCudaError => c"unhandled cuda error (run with OXCCL_LOG=info for details)",
+        oxcclSystemError => {
+            c"unhandled system error (run with OXCCL_LOG=info for details); oxcclGetLastError says more"
+        }
+        oxcclInternalError => c"internal error - please report this issue to the oxccl developers",
+        oxcclInvalidArgument => c"invalid argument (oxcclGetLastError names it)",
+        oxcclInvalidUsage => c"invalid usage (oxcclGetLastError says more)",
+        oxcclRemoteError => {
+            c"remote process exited or there was a network error (oxcclGetLastError names the rank)"
+        }
+        oxcclInProgress => c"operation in progress",
+        oxcclTimeout => c"operation timed out (OXCCL_TIMEOUT)",
+        _ => c"unknown result code",
+    }
+}
+
+/// Fails unless `stream` is NULL.
+pub(crate) fn host_only(stream: oxcclStream_t) -> Outcome {
+    if stream.is_null() {
+        Ok(())
+    } else {
+        Err(Failure {
+            code: oxcclInvalidUsage,
+            message: "CUDA streams are not supported yet: pass NULL for host memory".into(),
+        })
+    }
+}
+
+/// The data type whose nccl.h value is `raw`.
+pub(crate) fn data_type(raw: oxcclDataType_t) -> Result<DataType, Failure> {
+    match raw {
+        oxcclFloat8e4m3 => Err(Failure::invalid(
+            "datatype: float8 (oxcclFloat8e4m3) is not supported yet",
+        )),
+        oxcclFloat8e5m2 => Err(Failure::invalid(
+            "datatype: float8 (oxcclFloat8e5m2) is not supported yet",
+        )),
+        _ => DataType::from_raw(raw.into()).ok_or_else(|| {
+            Failure::invalid(format!(
+                "datatype: {raw} is not an oxcclDataType_t (0 to {})",
+                oxcclNumTypes - 1
+            ))
+        }),
+    }
+}
+
+/// The operator whose value is `raw`.
+pub(crate) fn red_op(raw: oxcclRedOp_t) -> Result<ReduceOp, Failure> {
+    Ok(match raw {
+        oxcclSum => ReduceOp::Sum,
+        oxcclProd => ReduceOp::Prod,
+        oxcclMax => ReduceOp::Max,
+        oxcclMin => ReduceOp::Min,
+        oxcclAvg => ReduceOp::Avg,
+        oxcclBand => ReduceOp::BAnd,
+        oxcclBor => ReduceOp::BOr,
+        oxcclBxor => ReduceOp::BXor,
+        _ => {
+            return Err(Failure::invalid(format!(
+                "op: {raw} is not an oxcclRedOp_t (oxcclSum to oxcclAvg, or oxcclBand, \
+                 oxcclBor, oxcclBxor)"
+            )));
+        }
+    })
+}
+
+/// `root` as a rank of a communicator of `size` ranks.
+pub(crate) fn root_rank(root: c_int, size: usize) -> Result<usize, Failure> {
+    usize::try_from(root)
+        .ok()
+        .filter(|&r| r < size)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "root: {root} is not a rank of this communicator of {size} ranks"
+            ))
+        })
+}
+
+/// The byte size of `count` elements of `dtype` times `blocks`, if a buffer can have it.
+pub(crate) fn byte_len(
+    what: &str,
+    count: usize,
+    blocks: usize,
+    dtype: DataType,
+) -> Result<usize, Failure> {
+    count
+        .checked_mul(dtype.size())
+        .and_then(|b| b.checked_mul(blocks))
+        .filter(|&b| isize::try_from(b).is_ok())
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "{what}: {count} elements of {dtype} do not fit in memory"
+            ))
+        })
+}
+
+/// Fails if `ptr` is NULL (an out-pointer or a buffer that must be there).
+pub(crate) fn non_null<T>(ptr: *const T, what: &str) -> Outcome {
+    if ptr.is_null() {
+        Err(Failure::invalid(format!("{what} is NULL")))
+    } else {
+        Ok(())
+    }
+}
+
+/// A buffer of the C caller: its address and length in bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Region {
+    pub(crate) ptr: *mut c_void,
+    pub(crate) len: usize,
+    pub(crate) name: &'static str,
+}
+
+impl Region {
+    /// `len` bytes at `ptr`, the argument `name`.
+    pub(crate) fn new(ptr: *const c_void, len: usize, name: &'static str) -> Region {
+        Region {
+            ptr: ptr.cast_mut(),
+            len,
+            name,
+        }
+    }
+
+    fn start(&self) -> usize {
+        self.ptr as usize
+    }
+
+    /// Fails if the two regions share a byte.
+    pub(crate) fn disjoint(&self, other: &Region) -> Outcome {
+        let overlap = self.len > 0
+            && other.len > 0
+            && self.start() < other.start().saturating_add(other.len)
+            && other.start() < self.start().saturating_add(self.len);
+        if overlap {
+            return Err(Failure::invalid(format!(
+                "{} and {} overlap without being an in-place call",
+                self.name, other.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The region as a slice to read.
+    ///
+    /// # Safety
+    ///
+    /// Unless `len` is 0 or `ptr` is NULL (an error), `ptr` must be valid for reads of `len`
+    /// bytes, and nothing may write to them, for `'a`.
+    pub(crate) unsafe fn input<'a>(&self) -> Result<&'a [u8], Failure> {
+        if self.len == 0 {
+            return Ok(&[]);
+        }
+        non_null(self.ptr, self.name)?;
+        // SAFETY: `ptr` is not NULL and the caller guarantees it is readable and unchanging for
+        // `len` bytes; `len` fits in an isize (`byte_len` checked it) and u8 needs no alignment.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) })
+    }
+
+    /// The region as a slice to write.
+    ///
+    /// # Safety
+    ///
+    /// Unless `len` is 0 or `ptr` is NULL (an error), `ptr` must be valid for reads and writes
+    /// of `len` bytes, and nothing else may access them, for `'a`.
+    pub(crate) unsafe fn output<'a>(&self) -> Result<&'a mut [u8], Failure> {
+        if self.len == 0 {
+            return Ok(&mut []);
+        }
+        non_null(self.ptr, self.name)?;
+        // SAFETY: `ptr` is not NULL and the caller guarantees exclusive access to `len`
+        // writable bytes there; `len` fits in an isize and u8 needs no alignment.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) })
+    }
+}

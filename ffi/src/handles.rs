@@ -1,0 +1,60 @@
+//! The live communicators, by handle. A handle is an id from a counter, never an address, and
+//! is never dereferenced: a call looks its handle up here and works on a shared reference to
+//! the communicator, so a NULL, destroyed or foreign handle is an error rather than a wild
+//! read, and a handle is never reused (a stale one cannot reach a newer communicator).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use oxccl_core::Communicator;
+
+use crate::abi::oxcclComm_t;
+use crate::boundary::Failure;
+
+static LIVE: Mutex<BTreeMap<usize, Arc<Communicator>>> = Mutex::new(BTreeMap::new());
+
+/// The first handle; ids have the top bit set, which no user-space address has on the 64-bit
+/// platforms oxccl runs on, so a foreign pointer never matches one.
+const FIRST: usize = (usize::MAX >> 1) + 1;
+/// Spacing of ids, so that they look like aligned pointers to tools that print them.
+const STEP: usize = 16;
+static NEXT: AtomicUsize = AtomicUsize::new(FIRST);
+
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<Communicator>>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Registers `comm` and returns its new handle.
+pub(crate) fn register(comm: Communicator) -> oxcclComm_t {
+    let id = NEXT.fetch_add(STEP, Ordering::Relaxed);
+    live().insert(id, Arc::new(comm));
+    std::ptr::without_provenance_mut(id)
+}
+
+fn unknown(handle: oxcclComm_t, what: &str) -> Failure {
+    if handle.is_null() {
+        Failure::invalid(format!("{what} is NULL"))
+    } else {
+        Failure::invalid(format!(
+            "{what} ({handle:p}) is not a live communicator: it was destroyed or aborted, or \
+             did not come from oxcclCommInit*"
+        ))
+    }
+}
+
+/// The communicator of `handle` (the argument `what`).
+pub(crate) fn get(handle: oxcclComm_t, what: &str) -> Result<Arc<Communicator>, Failure> {
+    live()
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| unknown(handle, what))
+}
+
+/// Unregisters `handle` and returns its communicator, which closes when the last call still
+/// using it returns.
+pub(crate) fn remove(handle: oxcclComm_t, what: &str) -> Result<Arc<Communicator>, Failure> {
+    live()
+        .remove(&(handle as usize))
+        .ok_or_else(|| unknown(handle, what))
+}

@@ -1,0 +1,644 @@
+//! The exported functions called as C would call them: every error path of the boundary, and
+//! every collective on 1, 2 and 3 ranks of `oxcclCommInitAll` driven from one thread each.
+//! (They live in the crate rather than in `tests/` because the crate is a cdylib and a
+//! staticlib only: an rlib named `oxccl` would collide with the main crate's.)
+
+use std::ffi::{CStr, c_int, c_void};
+use std::ptr::{null, null_mut};
+
+use crate::*;
+
+/// This thread's last error message.
+fn last() -> String {
+    // SAFETY: oxcclGetLastError returns a NUL-terminated string valid until this thread's next
+    // failing call; it is copied at once.
+    unsafe { CStr::from_ptr(oxcclGetLastError(null_mut())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts that `result` is `code` and that the last error message contains `words`.
+#[track_caller]
+fn fails(result: oxcclResult_t, code: oxcclResult_t, words: &str) {
+    let msg = last();
+    assert_eq!(result, code, "result {result}, expected {code}: {msg}");
+    assert!(msg.contains(words), "{msg:?} does not contain {words:?}");
+}
+
+#[track_caller]
+fn ok(result: oxcclResult_t) {
+    assert_eq!(result, oxcclSuccess, "{}", last());
+}
+
+/// A handle that can cross threads (the tests own the communicators it names).
+#[derive(Clone, Copy)]
+struct Comm(oxcclComm_t);
+// SAFETY: a handle is an id that is never dereferenced; the tests use each from one thread.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    /// The handle (a method, so that closures capture the whole `Send` wrapper).
+    fn get(self) -> oxcclComm_t {
+        self.0
+    }
+}
+
+fn init_all(n: usize) -> Vec<Comm> {
+    let mut comms = vec![null_mut(); n];
+    // SAFETY: `comms` has room for n handles; devlist may be NULL.
+    ok(unsafe { oxcclCommInitAll(comms.as_mut_ptr(), n as c_int, null()) });
+    comms.into_iter().map(Comm).collect()
+}
+
+fn destroy(comms: Vec<Comm>) {
+    for c in comms {
+        ok(oxcclCommDestroy(c.0));
+    }
+}
+
+/// Runs `f(rank, comm)` for every rank on its own thread.
+fn on_each(comms: &[Comm], f: impl Fn(usize, oxcclComm_t) + Sync) {
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            let f = &f;
+            let c = *c;
+            s.spawn(move || f(r, c.get()));
+        }
+    });
+}
+
+fn void<T>(v: &[T]) -> *const c_void {
+    v.as_ptr().cast()
+}
+
+fn void_mut<T>(v: &mut [T]) -> *mut c_void {
+    v.as_mut_ptr().cast()
+}
+
+#[test]
+fn version_and_error_strings() {
+    let mut v = 0;
+    // SAFETY: v is a writable int.
+    ok(unsafe { oxcclGetVersion(&mut v) });
+    assert_eq!(v, 100, "0.1.0 encodes as 100");
+    for code in 0..oxcclNumResults {
+        // SAFETY: a static NUL-terminated string.
+        let s = unsafe { CStr::from_ptr(oxcclGetErrorString(code)) };
+        assert!(!s.is_empty());
+        assert_ne!(s.to_str().unwrap(), "unknown result code");
+    }
+    // SAFETY: as above.
+    let s = unsafe { CStr::from_ptr(oxcclGetErrorString(-7)) };
+    assert_eq!(s.to_str().unwrap(), "unknown result code");
+}
+
+#[test]
+fn null_out_pointers_are_invalid_arguments() {
+    // SAFETY: NULL out-pointers are the error under test; nothing is written.
+    unsafe {
+        fails(
+            oxcclGetVersion(null_mut()),
+            oxcclInvalidArgument,
+            "version is NULL",
+        );
+        fails(
+            oxcclGetUniqueId(null_mut()),
+            oxcclInvalidArgument,
+            "uniqueId is NULL",
+        );
+        fails(
+            oxcclCommInitAll(null_mut(), 2, null()),
+            oxcclInvalidArgument,
+            "comms is NULL",
+        );
+        fails(
+            oxcclCommInitFromEnv(null_mut()),
+            oxcclInvalidArgument,
+            "comm is NULL",
+        );
+        let id = oxcclUniqueId { internal: [0; 128] };
+        fails(
+            oxcclCommInitRank(null_mut(), 2, id, 0),
+            oxcclInvalidArgument,
+            "comm is NULL",
+        );
+    }
+    let comms = init_all(1);
+    // SAFETY: as above.
+    unsafe {
+        fails(
+            oxcclCommCount(comms[0].0, null_mut()),
+            oxcclInvalidArgument,
+            "count is NULL",
+        );
+        fails(
+            oxcclCommUserRank(comms[0].0, null_mut()),
+            oxcclInvalidArgument,
+            "rank is NULL",
+        );
+    }
+    destroy(comms);
+}
+
+#[test]
+fn bad_init_arguments_are_invalid_arguments() {
+    let mut comm = null_mut();
+    let id = oxcclUniqueId { internal: [0; 128] };
+    // SAFETY: `comm` is writable; the arguments are the errors under test.
+    unsafe {
+        fails(
+            oxcclCommInitAll(&mut comm, 0, null()),
+            oxcclInvalidArgument,
+            "ndev: 0",
+        );
+        fails(
+            oxcclCommInitRank(&mut comm, 0, id, 0),
+            oxcclInvalidArgument,
+            "nranks: 0",
+        );
+        fails(
+            oxcclCommInitRank(&mut comm, 2, id, 2),
+            oxcclInvalidArgument,
+            "rank: 2",
+        );
+        fails(
+            oxcclCommInitRank(&mut comm, 2, id, -1),
+            oxcclInvalidArgument,
+            "rank: -1",
+        );
+        fails(
+            oxcclCommInitRank(&mut comm, 2, id, 0),
+            oxcclInvalidArgument,
+            "commId",
+        );
+    }
+    assert!(comm.is_null(), "nothing is written on failure");
+}
+
+#[test]
+fn null_destroyed_and_foreign_handles_are_invalid_arguments() {
+    let mut n = 0;
+    let mut local = 0u64;
+    let foreign: oxcclComm_t = (&raw mut local).cast();
+    let comms = init_all(1);
+    let stale = comms[0].0;
+    destroy(comms);
+    for (handle, words) in [
+        (null_mut(), "comm is NULL"),
+        (stale, "not a live communicator"),
+        (foreign, "not a live communicator"),
+    ] {
+        // SAFETY: `n` is writable; the handle is the error under test and is not dereferenced.
+        unsafe {
+            fails(oxcclCommCount(handle, &mut n), oxcclInvalidArgument, words);
+            fails(
+                oxcclCommUserRank(handle, &mut n),
+                oxcclInvalidArgument,
+                words,
+            );
+            let mut x = [1.0f32; 4];
+            let p = void_mut(&mut x);
+            fails(
+                oxcclAllReduce(p, p, 4, oxcclFloat32, oxcclSum, handle, null_mut()),
+                oxcclInvalidArgument,
+                words,
+            );
+        }
+        fails(
+            oxcclBarrier(handle, null_mut()),
+            oxcclInvalidArgument,
+            words,
+        );
+        fails(oxcclCommDestroy(handle), oxcclInvalidArgument, words);
+        fails(oxcclCommAbort(handle), oxcclInvalidArgument, words);
+    }
+    assert_eq!(local, 0, "a foreign handle is never written through");
+}
+
+#[test]
+fn bad_collective_arguments_are_invalid_arguments() {
+    let comms = init_all(1);
+    let c = comms[0].0;
+    let mut a = [0f32; 8];
+    let mut b = [0f32; 8];
+    let (pa, pb) = (void_mut(&mut a), void_mut(&mut b));
+    let s = null_mut();
+    // SAFETY: the buffers hold 8 floats, more than any call here may touch; the arguments are
+    // the errors under test.
+    unsafe {
+        fails(
+            oxcclAllReduce(pa, pb, 4, 99, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "datatype: 99",
+        );
+        fails(
+            oxcclAllReduce(pa, pb, 4, -1, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "datatype: -1",
+        );
+        fails(
+            oxcclAllReduce(pa, pb, 4, oxcclFloat32, 99, c, s),
+            oxcclInvalidArgument,
+            "op: 99",
+        );
+        fails(
+            oxcclAllReduce(pa, pb, 4, oxcclFloat32, 5, c, s),
+            oxcclInvalidArgument,
+            "op: 5",
+        );
+        fails(
+            oxcclReduce(pa, pb, 4, oxcclFloat32, 99, 0, c, s),
+            oxcclInvalidArgument,
+            "op: 99",
+        );
+        fails(
+            oxcclBroadcast(pa, pb, 4, oxcclFloat32, 1, c, s),
+            oxcclInvalidArgument,
+            "root: 1",
+        );
+        fails(
+            oxcclBcast(pa, 4, oxcclFloat32, -1, c, s),
+            oxcclInvalidArgument,
+            "root: -1",
+        );
+        fails(
+            oxcclReduce(pa, pb, 4, oxcclFloat32, 0, 7, c, s),
+            oxcclInvalidArgument,
+            "root: 7",
+        );
+        for dt in [oxcclFloat8e4m3, oxcclFloat8e5m2] {
+            fails(
+                oxcclAllReduce(pa, pb, 4, dt, oxcclSum, c, s),
+                oxcclInvalidArgument,
+                "float8",
+            );
+            fails(
+                oxcclAllGather(pa, pb, 4, dt, c, s),
+                oxcclInvalidArgument,
+                "not supported yet",
+            );
+        }
+        let huge = usize::MAX / 2;
+        fails(
+            oxcclAllReduce(pa, pb, huge, oxcclFloat32, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "count",
+        );
+        fails(
+            oxcclAllGather(pa, pb, usize::MAX, oxcclInt8, c, s),
+            oxcclInvalidArgument,
+            "sendcount",
+        );
+        fails(
+            oxcclReduceScatter(pa, pb, usize::MAX, oxcclInt8, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "recvcount",
+        );
+        fails(
+            oxcclAlltoAll(pa, pb, huge, oxcclFloat64, c, s),
+            oxcclInvalidArgument,
+            "count",
+        );
+        fails(
+            oxcclAllReduce(null(), pb, 4, oxcclFloat32, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "sendbuff is NULL",
+        );
+        fails(
+            oxcclAllReduce(pa, null_mut(), 4, oxcclFloat32, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "recvbuff is NULL",
+        );
+        // Overlapping, but not as the in-place form.
+        let pa1 = a[1..].as_mut_ptr().cast::<c_void>();
+        fails(
+            oxcclAllReduce(pa, pa1, 4, oxcclFloat32, oxcclSum, c, s),
+            oxcclInvalidArgument,
+            "overlap",
+        );
+        // Bitwise operators are integer-only (the core library's check).
+        fails(
+            oxcclAllReduce(pa, pb, 4, oxcclFloat32, oxcclBxor, c, s),
+            oxcclInvalidArgument,
+            "bxor",
+        );
+        // Zero elements need no buffers.
+        ok(oxcclAllReduce(
+            null(),
+            null_mut(),
+            0,
+            oxcclFloat32,
+            oxcclSum,
+            c,
+            s,
+        ));
+    }
+    destroy(comms);
+}
+
+#[test]
+fn a_stream_is_invalid_usage() {
+    let comms = init_all(1);
+    let c = comms[0].0;
+    let mut a = [0i32; 4];
+    let p = void_mut(&mut a);
+    let mut fake_stream = 0u8;
+    let stream: oxcclStream_t = (&raw mut fake_stream).cast();
+    let words = "CUDA streams are not supported yet: pass NULL for host memory";
+    // SAFETY: the buffer holds 4 ints; the stream is the error under test and is never used.
+    unsafe {
+        fails(
+            oxcclAllReduce(p, p, 4, oxcclInt32, oxcclSum, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclBroadcast(p, p, 4, oxcclInt32, 0, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclBcast(p, 4, oxcclInt32, 0, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclReduce(p, p, 4, oxcclInt32, 0, 0, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclAllGather(p, p, 4, oxcclInt32, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclReduceScatter(p, p, 4, oxcclInt32, 0, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+        fails(
+            oxcclAlltoAll(p, p, 4, oxcclInt32, c, stream),
+            oxcclInvalidUsage,
+            words,
+        );
+    }
+    fails(oxcclBarrier(c, stream), oxcclInvalidUsage, words);
+    destroy(comms);
+}
+
+#[test]
+fn the_last_error_is_per_thread_and_names_the_function() {
+    fails(
+        oxcclCommDestroy(null_mut()),
+        oxcclInvalidArgument,
+        "oxcclCommDestroy: comm is NULL",
+    );
+    let other = std::thread::spawn(last).join().unwrap();
+    assert_eq!(other, "", "another thread has no error");
+    assert!(last().contains("oxcclCommDestroy"));
+}
+
+#[test]
+fn a_panic_becomes_an_internal_error() {
+    let code = crate::boundary::guard("oxcclTest", || panic!("boom"));
+    fails(code, oxcclInternalError, "oxcclTest: internal error");
+    assert!(last().contains("boom"));
+}
+
+#[test]
+fn count_and_rank_report_the_communicator() {
+    let comms = init_all(3);
+    for (r, c) in comms.iter().enumerate() {
+        let (mut n, mut me) = (0, -1);
+        // SAFETY: both are writable ints.
+        unsafe {
+            ok(oxcclCommCount(c.0, &mut n));
+            ok(oxcclCommUserRank(c.0, &mut me));
+        }
+        assert_eq!((n, me), (3, r as c_int));
+    }
+    destroy(comms);
+}
+
+/// Every collective, out of place and in place, on `n` ranks, against values computed here.
+fn every_collective(n: usize) {
+    let comms = init_all(n);
+    const K: usize = 5;
+    let val = |r: usize, i: usize| (r * 100 + i) as i32;
+    on_each(&comms, |r, c| {
+        let s = null_mut();
+        // SAFETY: every buffer below has the length the call's arguments say, and is only this
+        // thread's.
+        unsafe {
+            // all-reduce: sum of i32, out of place; max of f64, in place; band extension.
+            let send: Vec<i32> = (0..K).map(|i| val(r, i)).collect();
+            let mut recv = vec![0i32; K];
+            ok(oxcclAllReduce(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclInt32,
+                oxcclSum,
+                c,
+                s,
+            ));
+            let want: Vec<i32> = (0..K).map(|i| (0..n).map(|q| val(q, i)).sum()).collect();
+            assert_eq!(recv, want, "all-reduce sum, rank {r}");
+
+            let mut buf: Vec<f64> = (0..K).map(|i| (r * i) as f64).collect();
+            let p = void_mut(&mut buf);
+            ok(oxcclAllReduce(p, p, K, oxcclFloat64, oxcclMax, c, s));
+            let want: Vec<f64> = (0..K).map(|i| ((n - 1) * i) as f64).collect();
+            assert_eq!(buf, want, "all-reduce max in place, rank {r}");
+
+            let mut bits = vec![!(1u32 << r); K];
+            let p = void_mut(&mut bits);
+            ok(oxcclAllReduce(p, p, K, oxcclUint32, oxcclBand, c, s));
+            let mask = (0..n).fold(u32::MAX, |m, q| m & !(1u32 << q));
+            assert_eq!(bits, vec![mask; K], "all-reduce band, rank {r}");
+
+            // broadcast from the last rank, out of place and in place (oxcclBcast).
+            let root = n - 1;
+            let send: Vec<i32> = (0..K).map(|i| val(r, i)).collect();
+            let mut recv = vec![0i32; K];
+            let root_c = root as c_int;
+            ok(oxcclBroadcast(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclInt32,
+                root_c,
+                c,
+                s,
+            ));
+            let want: Vec<i32> = (0..K).map(|i| val(root, i)).collect();
+            assert_eq!(recv, want, "broadcast, rank {r}");
+            let mut buf = send.clone();
+            ok(oxcclBcast(void_mut(&mut buf), K, oxcclInt32, root_c, c, s));
+            assert_eq!(buf, want, "bcast, rank {r}");
+
+            // reduce to rank 0: product of i64 out of place, sum in place.
+            let send: Vec<i64> = (0..K).map(|i| (r + i + 1) as i64).collect();
+            let mut recv = vec![0i64; K];
+            ok(oxcclReduce(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclInt64,
+                oxcclProd,
+                0,
+                c,
+                s,
+            ));
+            if r == 0 {
+                let want: Vec<i64> = (0..K)
+                    .map(|i| (0..n).map(|q| (q + i + 1) as i64).product())
+                    .collect();
+                assert_eq!(recv, want, "reduce prod at the root");
+            } else {
+                assert_eq!(recv, vec![0; K], "reduce leaves non-roots' recvbuff alone");
+            }
+            let mut buf = send.clone();
+            let p = void_mut(&mut buf);
+            ok(oxcclReduce(p, p, K, oxcclInt64, oxcclSum, 0, c, s));
+            if r == 0 {
+                let want: Vec<i64> = (0..K)
+                    .map(|i| (0..n).map(|q| (q + i + 1) as i64).sum())
+                    .collect();
+                assert_eq!(buf, want, "reduce sum in place at the root");
+            }
+
+            // all-gather, out of place and in place (sendbuff = recvbuff + rank * block).
+            let send: Vec<i32> = (0..K).map(|i| val(r, i)).collect();
+            let mut recv = vec![0i32; n * K];
+            ok(oxcclAllGather(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclInt32,
+                c,
+                s,
+            ));
+            let want: Vec<i32> = (0..n)
+                .flat_map(|q| (0..K).map(move |i| val(q, i)))
+                .collect();
+            assert_eq!(recv, want, "all-gather, rank {r}");
+            let mut buf = vec![-1i32; n * K];
+            buf[r * K..(r + 1) * K].copy_from_slice(&send);
+            let base = void_mut(&mut buf);
+            let mine = base.cast::<i32>().add(r * K).cast::<c_void>();
+            ok(oxcclAllGather(mine, base, K, oxcclInt32, c, s));
+            assert_eq!(buf, want, "all-gather in place, rank {r}");
+
+            // reduce-scatter, out of place and in place (recvbuff = sendbuff + rank * block).
+            let send: Vec<f32> = (0..n * K).map(|j| (r * 1000 + j) as f32).collect();
+            let mut recv = vec![0f32; K];
+            let sum = oxcclSum;
+            ok(oxcclReduceScatter(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclFloat32,
+                sum,
+                c,
+                s,
+            ));
+            let want: Vec<f32> = (0..K)
+                .map(|i| (0..n).map(|q| (q * 1000 + r * K + i) as f32).sum())
+                .collect();
+            assert_eq!(recv, want, "reduce-scatter, rank {r}");
+            let mut buf = send.clone();
+            let base = void_mut(&mut buf);
+            let mine = base.cast::<f32>().add(r * K).cast::<c_void>();
+            ok(oxcclReduceScatter(base, mine, K, oxcclFloat32, sum, c, s));
+            assert_eq!(
+                &buf[r * K..(r + 1) * K],
+                &want[..],
+                "reduce-scatter in place"
+            );
+
+            // all-to-all: block j of rank r goes to rank j's block r.
+            let send: Vec<i32> = (0..n * K).map(|j| val(r, j)).collect();
+            let mut recv = vec![0i32; n * K];
+            ok(oxcclAlltoAll(
+                void(&send),
+                void_mut(&mut recv),
+                K,
+                oxcclInt32,
+                c,
+                s,
+            ));
+            let want: Vec<i32> = (0..n)
+                .flat_map(|q| (0..K).map(move |i| val(q, r * K + i)))
+                .collect();
+            assert_eq!(recv, want, "all-to-all, rank {r}");
+            let mut buf = send.clone();
+            let p = void_mut(&mut buf);
+            ok(oxcclAlltoAll(p, p, K, oxcclInt32, c, s));
+            assert_eq!(buf, want, "all-to-all in place, rank {r}");
+        }
+        ok(oxcclBarrier(c, null_mut()));
+    });
+    destroy(comms);
+}
+
+#[test]
+fn every_collective_on_one_rank() {
+    every_collective(1);
+}
+
+#[test]
+fn every_collective_on_two_ranks() {
+    every_collective(2);
+}
+
+#[test]
+fn every_collective_on_three_ranks() {
+    every_collective(3);
+}
+
+#[test]
+fn unique_id_and_init_rank_make_a_communicator() {
+    let mut id = oxcclUniqueId { internal: [0; 128] };
+    // SAFETY: `id` is writable.
+    ok(unsafe { oxcclGetUniqueId(&mut id) });
+    let n = 2;
+    std::thread::scope(|s| {
+        for r in 0..n {
+            s.spawn(move || {
+                let mut comm = null_mut();
+                // SAFETY: `comm` is writable; `id` is passed by value.
+                ok(unsafe { oxcclCommInitRank(&mut comm, n, id, r) });
+                let mut x = [r + 1; 3];
+                let p = void_mut(&mut x);
+                // SAFETY: `x` holds 3 ints, only this thread's.
+                ok(unsafe { oxcclAllReduce(p, p, 3, oxcclInt32, oxcclSum, comm, null_mut()) });
+                assert_eq!(x, [3; 3]);
+                ok(oxcclCommDestroy(comm));
+            });
+        }
+    });
+}
+
+#[test]
+fn abort_fails_the_peers_call_with_a_remote_error() {
+    let comms = init_all(2);
+    let waiting = comms[1];
+    let call = std::thread::spawn(move || {
+        let mut x = [1i32; 4];
+        let p = void_mut(&mut x);
+        // SAFETY: `x` holds 4 ints, only this thread's.
+        let code =
+            unsafe { oxcclAllReduce(p, p, 4, oxcclInt32, oxcclSum, waiting.get(), null_mut()) };
+        (code, last())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    ok(oxcclCommAbort(comms[0].0));
+    let (code, msg) = call.join().unwrap();
+    assert_eq!(code, oxcclRemoteError, "{msg}");
+    assert!(msg.contains("rank 0"), "{msg}");
+    ok(oxcclCommDestroy(comms[1].0));
+}

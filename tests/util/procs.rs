@@ -33,21 +33,44 @@ pub fn on_each<T: Send>(
     })
 }
 
-/// The example `name`, next to this test's binary (built if missing).
+/// The example `name`, next to this test's binary: built when missing or older than any source
+/// it is made from (`cargo test --test x` does not build examples, and a stale one would test
+/// old code), in the profile of this test binary. Not rebuilt when current: a build of one
+/// package resolves features apart from the workspace's and would compile everything again.
 pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let path = dir.join("examples").join(name);
-    // Built every time (a no-op when it is up to date), in the profile of this test binary:
-    // `cargo test --test x` does not build examples, and a stale one would test old code.
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "-p", "oxccl", "--example", name]);
-    if dir.file_name().is_some_and(|d| d == "release") {
-        build.arg("--release");
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sources = ["src", "examples", "transports", "Cargo.toml", "Cargo.lock"];
+    let newest = sources.iter().filter_map(|s| newest(&root.join(s))).max();
+    if built.is_none() || newest.is_some_and(|n| Some(n) > built) {
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "-p", "oxccl", "--example", name]);
+        if dir.file_name().is_some_and(|d| d == "release") {
+            build.arg("--release");
+        }
+        let ok = build.status().expect("cargo").success();
+        assert!(ok, "building example {name} failed");
     }
-    let ok = build.status().expect("cargo").success();
-    assert!(ok, "building example {name} failed");
     path
+}
+
+/// The latest modification time of `path` or anything under it (skipping `target` folders).
+fn newest(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    let own = meta.modified().ok();
+    if !meta.is_dir() {
+        return own;
+    }
+    let entries = std::fs::read_dir(path).ok()?;
+    entries
+        .flatten()
+        .filter(|e| e.file_name() != "target")
+        .filter_map(|e| newest(&e.path()))
+        .chain(own)
+        .max()
 }
 
 /// A rank process and its output lines.

@@ -298,11 +298,11 @@ impl Communicator {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
+        let decision = tune::decide(&plan, &self.inner.means, &self.inner.config);
         let mut st = self.inner.lock();
-        // Nothing queued: an area all-reduce runs right here (the same route `submit` takes).
-        if !st.engine.busy()
-            && let Route::Area(way) =
-                tune::decide(&plan, &self.inner.means, &self.inner.config).route
+        // Nothing queued: an area all-reduce runs right here, without a queue or a result slot.
+        if let Route::Area(way) = decision.route
+            && !st.engine.busy()
         {
             let seq = st.collectives;
             st.collectives += 1;
@@ -310,7 +310,7 @@ impl Communicator {
         }
         let result = Arc::new(OpResult::default());
         self.inner
-            .submit(&mut st, plan, input, output, result.clone())?;
+            .submit(&mut st, plan, decision, input, output, result.clone())?;
         st.engine.drive_until(&result);
         drop(st);
         result.take().unwrap_or(Ok(()))
@@ -324,10 +324,11 @@ impl Communicator {
         output: (*mut u8, usize),
     ) -> Result<Arc<OpResult>> {
         let result = Arc::new(OpResult::default());
+        let decision = tune::decide(&plan, &self.inner.means, &self.inner.config);
         {
             let mut st = self.inner.lock();
             self.inner
-                .submit(&mut st, plan, input, output, result.clone())?;
+                .submit(&mut st, plan, decision, input, output, result.clone())?;
         }
         self.inner.kick();
         Ok(result)
@@ -339,16 +340,18 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Validates `plan`, plans it (cached) and queues it.
+    /// Queues `plan` on the route `decision` (the routing decision's for it): schedules are
+    /// planned once and cached.
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         st: &mut State,
         plan: Plan,
+        decision: Decision,
         input: (*const u8, usize),
         output: (*mut u8, usize),
         result: Arc<OpResult>,
     ) -> Result<()> {
-        let decision = tune::decide(&plan, &self.means, &self.config);
         let seq = st.collectives;
         let work = match decision.route {
             Route::Area(way) => Work::Area { plan, way, seq },

@@ -73,7 +73,7 @@ mod work;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub use bootstrap::UniqueId;
-pub use comm::{Communicator, Group};
+pub use comm::{Communicator, Group, Pending, RawMessage};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use tune::{Decision, Route, Way};

@@ -119,3 +119,74 @@ pub type oxcclComm_t = *mut oxcclComm;
 
 /// A CUDA stream (`cudaStream_t`); must be NULL in this host-memory build.
 pub type oxcclStream_t = *mut std::ffi::c_void;
+
+/// Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).
+pub type oxcclScalarResidence_t = c_int;
+/// The scalar is read through its pointer when each operation using the operator runs (NCCL:
+/// device memory; in this host-memory build, host memory that must stay valid until the
+/// operator is destroyed).
+pub const oxcclScalarDevice: oxcclScalarResidence_t = 0;
+/// The scalar is copied from the pointer when the operator is created.
+pub const oxcclScalarHostImmediate: oxcclScalarResidence_t = 1;
+
+/// The `color` of `oxcclCommSplit` for a rank that joins no new communicator.
+pub const OXCCL_SPLIT_NOCOLOR: c_int = -1;
+/// An `int` field of `oxcclConfig_t` left to the library (`INT_MIN`).
+pub const OXCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+/// `oxcclConfig_t.magic` as `OXCCL_CONFIG_INITIALIZER` sets it (NCCL's value).
+pub const OXCCL_CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+/// Options of a new communicator (nccl.h's `ncclConfig_t`, NCCL 2.27's layout). Start from
+/// `OXCCL_CONFIG_INITIALIZER`, which sets `size`, `magic` and `version` and leaves every other
+/// field undefined (`OXCCL_CONFIG_UNDEF_INT`, NULL); a caller built against an older, smaller
+/// layout passes its own `size`, and the fields past it count as undefined.
+///
+/// oxccl uses `blocking` (0: creation and operations return `oxcclInProgress` and run in the
+/// background; `oxcclCommGetAsyncError` tells when they are done; undefined or 1: every call
+/// completes before it returns). The other fields are NCCL's and are accepted and ignored:
+/// the GPU ones (`cgaClusterSize`, `minCTAs`, `maxCTAs`, `nvlsCTAs`, `CTAPolicy`), `netName`
+/// (transports come from `OXCCL_TRANSPORTS`), `splitShare`, `trafficClass`, `commName`,
+/// `collnetEnable` and `shrinkShare`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct oxcclConfig_t {
+    /// `sizeof(oxcclConfig_t)` of the caller's build.
+    pub size: usize,
+    /// `OXCCL_CONFIG_MAGIC`.
+    pub magic: u32,
+    /// The version of the caller's header (`major * 10000 + minor * 100 + patch`).
+    pub version: u32,
+    /// 1 (or undefined): calls complete before they return; 0: they may return
+    /// `oxcclInProgress`.
+    pub blocking: c_int,
+    /// NCCL: CUDA thread block cluster size; ignored.
+    pub cgaClusterSize: c_int,
+    /// NCCL: minimum CTAs; ignored.
+    pub minCTAs: c_int,
+    /// NCCL: maximum CTAs; ignored.
+    pub maxCTAs: c_int,
+    /// NCCL: network plugin name; ignored (transports come from `OXCCL_TRANSPORTS`).
+    pub netName: *const c_char,
+    /// NCCL: share resources with the parent on split; ignored.
+    pub splitShare: c_int,
+    /// NCCL: network traffic class; ignored.
+    pub trafficClass: c_int,
+    /// NCCL: a name for the communicator; ignored.
+    pub commName: *const c_char,
+    /// NCCL: CollNet; ignored.
+    pub collnetEnable: c_int,
+    /// NCCL: CTA policy; ignored.
+    pub CTAPolicy: c_int,
+    /// NCCL: share resources with the parent on shrink; ignored.
+    pub shrinkShare: c_int,
+    /// NCCL: NVLink SHARP CTAs; ignored.
+    pub nvlsCTAs: c_int,
+}
+
+/// A registered window; only ever handled through an `oxcclWindow_t`.
+pub struct oxcclWindow {
+    _private: [u8; 0],
+}
+
+/// Handle of a registered window (nccl.h's `ncclWindow_t`), opaque like `oxcclComm_t`.
+pub type oxcclWindow_t = *mut oxcclWindow;

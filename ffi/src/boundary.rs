@@ -6,18 +6,34 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use oxccl_core::{DataType, Error, ReduceOp};
+use oxccl_core::{DataType, Error};
 
 use crate::abi::*;
 
 /// Why a call failed: its result code and a message for `oxcclGetLastError`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Failure {
     pub(crate) code: oxcclResult_t,
     pub(crate) message: String,
 }
 
 impl Failure {
+    /// The outcome of a call that started work and returns before it is done.
+    pub(crate) fn in_progress() -> Failure {
+        Failure {
+            code: oxcclInProgress,
+            message: String::new(),
+        }
+    }
+
+    /// An `oxcclInvalidUsage` failure.
+    pub(crate) fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            code: oxcclInvalidUsage,
+            message: message.into(),
+        }
+    }
+
     /// An `oxcclInvalidArgument` failure.
     pub(crate) fn invalid(message: impl Into<String>) -> Failure {
         Failure {
@@ -83,7 +99,11 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> Outcome) -> oxcclResult_t
             }
         }
     };
-    set_last_error(&format!("{name}: {}", failure.message));
+    // `oxcclInProgress` is not a failure: the last error stays what it was.
+    if failure.code != oxcclInProgress {
+        set_last_error(&format!("{name}: {}", failure.message));
+        crate::dispatch::note_failure(&failure);
+    }
     failure.code
 }
 
@@ -153,34 +173,14 @@ pub(crate) fn data_type(raw: oxcclDataType_t) -> Result<DataType, Failure> {
     }
 }
 
-/// The operator whose value is `raw`.
-pub(crate) fn red_op(raw: oxcclRedOp_t) -> Result<ReduceOp, Failure> {
-    Ok(match raw {
-        oxcclSum => ReduceOp::Sum,
-        oxcclProd => ReduceOp::Prod,
-        oxcclMax => ReduceOp::Max,
-        oxcclMin => ReduceOp::Min,
-        oxcclAvg => ReduceOp::Avg,
-        oxcclBand => ReduceOp::BAnd,
-        oxcclBor => ReduceOp::BOr,
-        oxcclBxor => ReduceOp::BXor,
-        _ => {
-            return Err(Failure::invalid(format!(
-                "op: {raw} is not an oxcclRedOp_t (oxcclSum to oxcclAvg, or oxcclBand, \
-                 oxcclBor, oxcclBxor)"
-            )));
-        }
-    })
-}
-
-/// `root` as a rank of a communicator of `size` ranks.
-pub(crate) fn root_rank(root: c_int, size: usize) -> Result<usize, Failure> {
-    usize::try_from(root)
+/// `value`, the argument `what` (a root, a peer), as a rank of a communicator of `size` ranks.
+pub(crate) fn rank_arg(what: &str, value: c_int, size: usize) -> Result<usize, Failure> {
+    usize::try_from(value)
         .ok()
         .filter(|&r| r < size)
         .ok_or_else(|| {
             Failure::invalid(format!(
-                "root: {root} is not a rank of this communicator of {size} ranks"
+                "{what}: {value} is not a rank of this communicator of {size} ranks"
             ))
         })
 }
@@ -234,6 +234,24 @@ impl Region {
         self.ptr as usize
     }
 
+    /// The region for reading: (address, length), NULL only when empty.
+    pub(crate) fn read(&self) -> Result<(*const u8, usize), Failure> {
+        if self.len == 0 {
+            return Ok((std::ptr::null(), 0));
+        }
+        non_null(self.ptr, self.name)?;
+        Ok((self.ptr.cast::<u8>().cast_const(), self.len))
+    }
+
+    /// The region for writing: (address, length), NULL only when empty.
+    pub(crate) fn write(&self) -> Result<(*mut u8, usize), Failure> {
+        if self.len == 0 {
+            return Ok((std::ptr::null_mut(), 0));
+        }
+        non_null(self.ptr, self.name)?;
+        Ok((self.ptr.cast::<u8>(), self.len))
+    }
+
     /// Fails if the two regions share a byte.
     pub(crate) fn disjoint(&self, other: &Region) -> Outcome {
         let overlap = self.len > 0
@@ -247,37 +265,5 @@ impl Region {
             )));
         }
         Ok(())
-    }
-
-    /// The region as a slice to read.
-    ///
-    /// # Safety
-    ///
-    /// Unless `len` is 0 or `ptr` is NULL (an error), `ptr` must be valid for reads of `len`
-    /// bytes, and nothing may write to them, for `'a`.
-    pub(crate) unsafe fn input<'a>(&self) -> Result<&'a [u8], Failure> {
-        if self.len == 0 {
-            return Ok(&[]);
-        }
-        non_null(self.ptr, self.name)?;
-        // SAFETY: `ptr` is not NULL and the caller guarantees it is readable and unchanging for
-        // `len` bytes; `len` fits in an isize (`byte_len` checked it) and u8 needs no alignment.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) })
-    }
-
-    /// The region as a slice to write.
-    ///
-    /// # Safety
-    ///
-    /// Unless `len` is 0 or `ptr` is NULL (an error), `ptr` must be valid for reads and writes
-    /// of `len` bytes, and nothing else may access them, for `'a`.
-    pub(crate) unsafe fn output<'a>(&self) -> Result<&'a mut [u8], Failure> {
-        if self.len == 0 {
-            return Ok(&mut []);
-        }
-        non_null(self.ptr, self.name)?;
-        // SAFETY: `ptr` is not NULL and the caller guarantees exclusive access to `len`
-        // writable bytes there; `len` fits in an isize and u8 needs no alignment.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) })
     }
 }

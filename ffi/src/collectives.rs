@@ -1,37 +1,88 @@
-//! The collectives, with nccl.h's arguments in nccl.h's order. Counts are in elements; a call is
-//! in place when the buffers lie as nccl.h defines it (`sendbuff == recvbuff`, or the rank's
-//! block of the larger buffer for all-gather and reduce-scatter), and other overlapping buffers
-//! are an error. Host memory only: `stream` must be NULL, and the call returns when this
-//! rank's part is complete.
+//! The collectives and point-to-point calls, with nccl.h's arguments in nccl.h's order.
+//! Counts are in elements; a call is in place when the buffers lie as nccl.h defines it
+//! (`sendbuff == recvbuff`, or the rank's block of the larger buffer for all-gather,
+//! reduce-scatter, and gather and scatter at the root), and other overlapping buffers are an
+//! error. Host memory only: `stream` must be NULL. Each function checks its arguments, builds a
+//! [`Plan`] and hands it to `dispatch`, which runs it now, starts it (non-blocking
+//! communicators) or keeps it for `oxcclGroupEnd`.
 //!
 //! Buffer contract (for every function here): a buffer the call reads must be readable for its
 //! whole length, a buffer it writes readable and writable, and no other thread may write to
-//! the first or touch the second until the call returns. A buffer of zero bytes, and one that
-//! only matters at the root on other ranks, may be NULL.
+//! the first or touch the second until the operation is complete: when the call returns
+//! `oxcclSuccess` outside a group; when `oxcclGroupEnd` returns inside one; when
+//! `oxcclCommGetAsyncError` reports `oxcclSuccess` after `oxcclInProgress`. A buffer of zero
+//! bytes, and one that only matters at the root on other ranks, may be NULL.
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use oxccl_core::{Communicator, DataType};
+use oxccl_core::algo::{Collective, Plan};
+use oxccl_core::{DataType, RawMessage};
 
 use crate::abi::*;
-use crate::boundary::{Outcome, Region, byte_len, data_type, guard, host_only, red_op, root_rank};
+use crate::boundary::{Failure, Outcome, Region, byte_len, data_type, guard, host_only, rank_arg};
+use crate::dispatch::{Job, issue};
+use crate::entry::Entry;
 use crate::handles;
+use crate::ops::{Operator, operator};
 
-/// The checks every collective starts with: the stream, the handle, the data type.
+/// The checks every call starts with: the stream, the handle, the data type; and the
+/// communicator's (rank, size).
 fn prepare(
     comm: oxcclComm_t,
     stream: oxcclStream_t,
     datatype: oxcclDataType_t,
-) -> Result<(Arc<Communicator>, DataType), crate::boundary::Failure> {
+) -> Result<(Arc<Entry>, DataType, usize, usize), Failure> {
     host_only(stream)?;
-    let c = handles::get(comm, "comm")?;
-    Ok((c, data_type(datatype)?))
+    let entry = handles::get(comm, "comm")?;
+    let dtype = data_type(datatype)?;
+    let (rank, size) = {
+        let c = entry.comm()?;
+        (c.rank(), c.size())
+    };
+    Ok((entry, dtype, rank, size))
 }
 
 /// Whether `a` is `b` plus `offset` bytes.
 fn at(a: *const c_void, b: *const c_void, offset: usize) -> bool {
     (b as usize).checked_add(offset) == Some(a as usize)
+}
+
+/// How a call's buffers lie.
+enum Buffers {
+    /// In place: one buffer holds input and output (the larger of the two, whole).
+    Shared(Region),
+    /// Apart: they must not overlap.
+    Apart { send: Region, recv: Region },
+}
+
+/// Checks the buffers and issues `plan` with operator `op` (None for collectives that do not
+/// reduce).
+fn collective(entry: &Arc<Entry>, plan: Plan, op: Option<Operator>, buffers: Buffers) -> Outcome {
+    let (plan, premul) = match op {
+        None => (plan, None),
+        Some(Operator::Plain(o)) => (plan.op(o), None),
+        Some(Operator::PreMulSum(k)) => (plan, Some(k)),
+    };
+    let (plan, input, output) = match buffers {
+        Buffers::Shared(buf) => {
+            let (p, len) = buf.write()?;
+            (plan.in_place(true), (p.cast_const(), len), (p, len))
+        }
+        Buffers::Apart { send, recv } => {
+            send.disjoint(&recv)?;
+            (plan, send.read()?, recv.write()?)
+        }
+    };
+    issue(
+        entry,
+        Job::Collective {
+            plan,
+            input,
+            output,
+            premul,
+        },
+    )
 }
 
 /// Every rank's `recvbuff` becomes the element-wise `op` of every rank's `sendbuff` (`count`
@@ -51,22 +102,18 @@ pub unsafe extern "C" fn oxcclAllReduce(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAllReduce", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let op = red_op(op)?;
+        let (entry, dtype, _, _) = prepare(comm, stream, datatype)?;
+        let op = operator(op, dtype, &entry.operators)?;
         let len = byte_len("count", count, 1, dtype)?;
-        let send = Region::new(sendbuff, len, "sendbuff");
         let recv = Region::new(recvbuff, len, "recvbuff");
-        if at(sendbuff, recvbuff, 0) {
-            // SAFETY: in place, recvbuff is readable and writable for `len` bytes and only ours
-            // during the call (the caller's contract).
-            let buf = unsafe { recv.output() }?;
-            return Ok(c.all_reduce_in_place_bytes(buf, dtype, op)?);
-        }
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read) and recvbuff (written), `len` bytes
-        // each; they do not overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.all_reduce_bytes(s, r, dtype, op)?)
+        let buffers = if at(sendbuff, recvbuff, 0) {
+            Buffers::Shared(recv)
+        } else {
+            let send = Region::new(sendbuff, len, "sendbuff");
+            Buffers::Apart { send, recv }
+        };
+        let plan = Plan::new(Collective::AllReduce, count, dtype);
+        collective(&entry, plan, Some(op), buffers)
     })
 }
 
@@ -87,26 +134,19 @@ pub unsafe extern "C" fn oxcclBroadcast(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclBroadcast", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let root = root_rank(root, c.size())?;
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let recv = Region::new(recvbuff, len, "recvbuff");
-        if at(sendbuff, recvbuff, 0) {
-            // SAFETY: in place, recvbuff is readable and writable for `len` bytes and only ours
-            // during the call (the caller's contract).
-            let buf = unsafe { recv.output() }?;
-            return Ok(c.broadcast_in_place_bytes(buf, dtype, root)?);
-        }
-        let send = if c.rank() == root {
-            Region::new(sendbuff, len, "sendbuff")
+        let buffers = if at(sendbuff, recvbuff, 0) {
+            Buffers::Shared(recv)
         } else {
-            Region::new(sendbuff, 0, "sendbuff")
+            let send_len = if rank == root { len } else { 0 };
+            let send = Region::new(sendbuff, send_len, "sendbuff");
+            Buffers::Apart { send, recv }
         };
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read, at the root only: elsewhere an
-        // empty region) and recvbuff (written); they do not overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.broadcast_bytes(s, r, dtype, root)?)
+        let plan = Plan::new(Collective::Broadcast, count, dtype).root(root);
+        collective(&entry, plan, None, buffers)
     })
 }
 
@@ -125,13 +165,12 @@ pub unsafe extern "C" fn oxcclBcast(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclBcast", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let root = root_rank(root, c.size())?;
+        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
-        // SAFETY: buff is readable and writable for `len` bytes and only ours during the call
-        // (the caller's contract).
-        let buf = unsafe { Region::new(buff, len, "buff").output() }?;
-        Ok(c.broadcast_in_place_bytes(buf, dtype, root)?)
+        let plan = Plan::new(Collective::Broadcast, count, dtype).root(root);
+        let buffers = Buffers::Shared(Region::new(buff, len, "buff"));
+        collective(&entry, plan, None, buffers)
     })
 }
 
@@ -153,27 +192,21 @@ pub unsafe extern "C" fn oxcclReduce(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclReduce", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let op = red_op(op)?;
-        let root = root_rank(root, c.size())?;
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let op = operator(op, dtype, &entry.operators)?;
+        let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
-        if at(sendbuff, recvbuff, 0) {
-            // SAFETY: in place, the buffer is readable and writable for `len` bytes and only
-            // ours during the call (the caller's contract).
-            let buf = unsafe { Region::new(recvbuff, len, "recvbuff").output() }?;
-            return Ok(c.reduce_in_place_bytes(buf, dtype, op, root)?);
-        }
-        let send = Region::new(sendbuff, len, "sendbuff");
-        let recv = if c.rank() == root {
-            Region::new(recvbuff, len, "recvbuff")
+        let buffers = if at(sendbuff, recvbuff, 0) {
+            Buffers::Shared(Region::new(recvbuff, len, "recvbuff"))
         } else {
-            Region::new(recvbuff, 0, "recvbuff")
+            let recv_len = if rank == root { len } else { 0 };
+            Buffers::Apart {
+                send: Region::new(sendbuff, len, "sendbuff"),
+                recv: Region::new(recvbuff, recv_len, "recvbuff"),
+            }
         };
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read) and recvbuff (written, at the root
-        // only: elsewhere an empty region); they do not overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.reduce_bytes(s, r, dtype, op, root)?)
+        let plan = Plan::new(Collective::Reduce, count, dtype).root(root);
+        collective(&entry, plan, Some(op), buffers)
     })
 }
 
@@ -194,22 +227,18 @@ pub unsafe extern "C" fn oxcclAllGather(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAllGather", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
         let block = byte_len("sendcount", sendcount, 1, dtype)?;
-        let total = byte_len("sendcount", sendcount, c.size(), dtype)?;
+        let total = byte_len("sendcount", sendcount, size, dtype)?;
         let recv = Region::new(recvbuff, total, "recvbuff");
-        if block > 0 && at(sendbuff, recvbuff, c.rank() * block) {
-            // SAFETY: in place, recvbuff is readable and writable for `total` bytes and only
-            // ours during the call (the caller's contract).
-            let buf = unsafe { recv.output() }?;
-            return Ok(c.all_gather_in_place_bytes(buf, dtype)?);
-        }
-        let send = Region::new(sendbuff, block, "sendbuff");
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read) and recvbuff (written); they do not
-        // overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.all_gather_bytes(s, r, dtype)?)
+        let buffers = if block > 0 && at(sendbuff, recvbuff, rank * block) {
+            Buffers::Shared(recv)
+        } else {
+            let send = Region::new(sendbuff, block, "sendbuff");
+            Buffers::Apart { send, recv }
+        };
+        let plan = Plan::new(Collective::AllGather, sendcount, dtype);
+        collective(&entry, plan, None, buffers)
     })
 }
 
@@ -232,23 +261,19 @@ pub unsafe extern "C" fn oxcclReduceScatter(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclReduceScatter", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let op = red_op(op)?;
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let op = operator(op, dtype, &entry.operators)?;
         let block = byte_len("recvcount", recvcount, 1, dtype)?;
-        let total = byte_len("recvcount", recvcount, c.size(), dtype)?;
+        let total = byte_len("recvcount", recvcount, size, dtype)?;
         let send = Region::new(sendbuff, total, "sendbuff");
-        if block > 0 && at(recvbuff, sendbuff, c.rank() * block) {
-            // SAFETY: in place, sendbuff is readable and writable for `total` bytes (it holds
-            // recvbuff) and only ours during the call (the caller's contract).
-            let buf = unsafe { send.output() }?;
-            return Ok(c.reduce_scatter_in_place_bytes(buf, dtype, op)?);
-        }
-        let recv = Region::new(recvbuff, block, "recvbuff");
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read) and recvbuff (written); they do not
-        // overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.reduce_scatter_bytes(s, r, dtype, op)?)
+        let buffers = if block > 0 && at(recvbuff, sendbuff, rank * block) {
+            Buffers::Shared(send)
+        } else {
+            let recv = Region::new(recvbuff, block, "recvbuff");
+            Buffers::Apart { send, recv }
+        };
+        let plan = Plan::new(Collective::ReduceScatter, recvcount, dtype);
+        collective(&entry, plan, Some(op), buffers)
     })
 }
 
@@ -268,29 +293,177 @@ pub unsafe extern "C" fn oxcclAlltoAll(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAlltoAll", || {
-        let (c, dtype) = prepare(comm, stream, datatype)?;
-        let total = byte_len("count", count, c.size(), dtype)?;
-        let send = Region::new(sendbuff, total, "sendbuff");
+        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let total = byte_len("count", count, size, dtype)?;
         let recv = Region::new(recvbuff, total, "recvbuff");
-        if at(sendbuff, recvbuff, 0) {
-            // SAFETY: in place, recvbuff is readable and writable for `total` bytes and only
-            // ours during the call (the caller's contract).
-            let buf = unsafe { recv.output() }?;
-            return Ok(c.all_to_all_in_place_bytes(buf, dtype)?);
-        }
-        send.disjoint(&recv)?;
-        // SAFETY: the caller's contract for sendbuff (read) and recvbuff (written); they do not
-        // overlap (checked above).
-        let (s, r) = unsafe { (send.input()?, recv.output()?) };
-        Ok(c.all_to_all_bytes(s, r, dtype)?)
+        let buffers = if at(sendbuff, recvbuff, 0) {
+            Buffers::Shared(recv)
+        } else {
+            let send = Region::new(sendbuff, total, "sendbuff");
+            Buffers::Apart { send, recv }
+        };
+        let plan = Plan::new(Collective::AllToAll, count, dtype);
+        collective(&entry, plan, None, buffers)
+    })
+}
+
+/// Block r of the root's `recvbuff` (nranks × `count` elements; ignored on other ranks)
+/// becomes rank r's `sendbuff` (`count` elements); at the root, in place when
+/// `sendbuff == recvbuff + root * count * size of datatype`.
+///
+/// # Safety
+///
+/// The buffer contract of the module documentation (in oxccl.h, at the top).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: oxcclDataType_t,
+    root: c_int,
+    comm: oxcclComm_t,
+    stream: oxcclStream_t,
+) -> oxcclResult_t {
+    guard("oxcclGather", || {
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let root = rank_arg("root", root, size)?;
+        let block = byte_len("count", count, 1, dtype)?;
+        let total = byte_len("count", count, size, dtype)?;
+        let buffers = if rank != root {
+            Buffers::Apart {
+                send: Region::new(sendbuff, block, "sendbuff"),
+                recv: Region::new(recvbuff, 0, "recvbuff"),
+            }
+        } else if block > 0 && at(sendbuff, recvbuff, root * block) {
+            Buffers::Shared(Region::new(recvbuff, total, "recvbuff"))
+        } else {
+            Buffers::Apart {
+                send: Region::new(sendbuff, block, "sendbuff"),
+                recv: Region::new(recvbuff, total, "recvbuff"),
+            }
+        };
+        let plan = Plan::new(Collective::Gather, count, dtype).root(root);
+        collective(&entry, plan, None, buffers)
+    })
+}
+
+/// Rank r's `recvbuff` (`count` elements) becomes block r of the root's `sendbuff` (nranks ×
+/// `count` elements; ignored on other ranks); at the root, in place when
+/// `recvbuff == sendbuff + root * count * size of datatype`.
+///
+/// # Safety
+///
+/// The buffer contract of the module documentation (in oxccl.h, at the top).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: oxcclDataType_t,
+    root: c_int,
+    comm: oxcclComm_t,
+    stream: oxcclStream_t,
+) -> oxcclResult_t {
+    guard("oxcclScatter", || {
+        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let root = rank_arg("root", root, size)?;
+        let block = byte_len("count", count, 1, dtype)?;
+        let total = byte_len("count", count, size, dtype)?;
+        let buffers = if rank != root {
+            Buffers::Apart {
+                send: Region::new(sendbuff, 0, "sendbuff"),
+                recv: Region::new(recvbuff, block, "recvbuff"),
+            }
+        } else if block > 0 && at(recvbuff, sendbuff, root * block) {
+            Buffers::Shared(Region::new(sendbuff, total, "sendbuff"))
+        } else {
+            Buffers::Apart {
+                send: Region::new(sendbuff, total, "sendbuff"),
+                recv: Region::new(recvbuff, block, "recvbuff"),
+            }
+        };
+        let plan = Plan::new(Collective::Scatter, count, dtype).root(root);
+        collective(&entry, plan, None, buffers)
+    })
+}
+
+/// Sends `count` elements of `sendbuff` to `peer`, which receives them with a matching
+/// `oxcclRecv` (same count and type; messages between two ranks match in the order posted).
+/// Alone, the call returns when the data has left `sendbuff`; put sends and receives that
+/// depend on each other (an exchange, a ring shift) in one group.
+///
+/// # Safety
+///
+/// The buffer contract of the module documentation (in oxccl.h, at the top).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: oxcclDataType_t,
+    peer: c_int,
+    comm: oxcclComm_t,
+    stream: oxcclStream_t,
+) -> oxcclResult_t {
+    guard("oxcclSend", || {
+        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let peer = rank_arg("peer", peer, size)?;
+        let len = byte_len("count", count, 1, dtype)?;
+        let (ptr, len) = Region::new(sendbuff, len, "sendbuff").read()?;
+        let message = RawMessage {
+            peer,
+            send: true,
+            ptr: ptr.cast_mut(),
+            len,
+        };
+        issue(&entry, Job::Message(message))
+    })
+}
+
+/// Receives into `recvbuff` the `count` elements `peer` sends with a matching `oxcclSend`.
+///
+/// # Safety
+///
+/// The buffer contract of the module documentation (in oxccl.h, at the top).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: oxcclDataType_t,
+    peer: c_int,
+    comm: oxcclComm_t,
+    stream: oxcclStream_t,
+) -> oxcclResult_t {
+    guard("oxcclRecv", || {
+        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let peer = rank_arg("peer", peer, size)?;
+        let len = byte_len("count", count, 1, dtype)?;
+        let (ptr, len) = Region::new(recvbuff, len, "recvbuff").write()?;
+        let message = RawMessage {
+            peer,
+            send: false,
+            ptr,
+            len,
+        };
+        issue(&entry, Job::Message(message))
     })
 }
 
 /// Extension: returns once every rank of `comm` has called it.
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclBarrier(comm: oxcclComm_t, stream: oxcclStream_t) -> oxcclResult_t {
-    guard("oxcclBarrier", || -> Outcome {
+    guard("oxcclBarrier", || {
         host_only(stream)?;
-        Ok(handles::get(comm, "comm")?.barrier()?)
+        let entry = handles::get(comm, "comm")?;
+        let plan = Plan::new(Collective::Barrier, 0, DataType::U8);
+        let none = Region::new(std::ptr::null(), 0, "none");
+        collective(
+            &entry,
+            plan,
+            None,
+            Buffers::Apart {
+                send: none,
+                recv: none,
+            },
+        )
     })
 }

@@ -1,18 +1,17 @@
 //! The live communicators, by handle. A handle is an id from a counter, never an address, and
 //! is never dereferenced: a call looks its handle up here and works on a shared reference to
-//! the communicator, so a NULL, destroyed or foreign handle is an error rather than a wild
+//! the communicator's [`Entry`], so a NULL, destroyed or foreign handle is an error rather than a wild
 //! read, and a handle is never reused (a stale one cannot reach a newer communicator).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use oxccl_core::Communicator;
-
 use crate::abi::oxcclComm_t;
 use crate::boundary::Failure;
+use crate::entry::Entry;
 
-static LIVE: Mutex<BTreeMap<usize, Arc<Communicator>>> = Mutex::new(BTreeMap::new());
+static LIVE: Mutex<BTreeMap<usize, Arc<Entry>>> = Mutex::new(BTreeMap::new());
 
 /// The first handle; ids have the top bit set, which no user-space address has on the 64-bit
 /// platforms oxccl runs on, so a foreign pointer never matches one.
@@ -21,14 +20,14 @@ const FIRST: usize = (usize::MAX >> 1) + 1;
 const STEP: usize = 16;
 static NEXT: AtomicUsize = AtomicUsize::new(FIRST);
 
-fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<Communicator>>> {
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<Entry>>> {
     LIVE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Registers `comm` and returns its new handle.
-pub(crate) fn register(comm: Communicator) -> oxcclComm_t {
+/// Registers `entry` and returns its new handle.
+pub(crate) fn register(entry: Arc<Entry>) -> oxcclComm_t {
     let id = NEXT.fetch_add(STEP, Ordering::Relaxed);
-    live().insert(id, Arc::new(comm));
+    live().insert(id, entry);
     std::ptr::without_provenance_mut(id)
 }
 
@@ -43,17 +42,17 @@ fn unknown(handle: oxcclComm_t, what: &str) -> Failure {
     }
 }
 
-/// The communicator of `handle` (the argument `what`).
-pub(crate) fn get(handle: oxcclComm_t, what: &str) -> Result<Arc<Communicator>, Failure> {
+/// The entry of `handle` (the argument `what`).
+pub(crate) fn get(handle: oxcclComm_t, what: &str) -> Result<Arc<Entry>, Failure> {
     live()
         .get(&(handle as usize))
         .cloned()
         .ok_or_else(|| unknown(handle, what))
 }
 
-/// Unregisters `handle` and returns its communicator, which closes when the last call still
-/// using it returns.
-pub(crate) fn remove(handle: oxcclComm_t, what: &str) -> Result<Arc<Communicator>, Failure> {
+/// Unregisters `handle` and returns its entry; the communicator closes when the last call
+/// still using it returns.
+pub(crate) fn remove(handle: oxcclComm_t, what: &str) -> Result<Arc<Entry>, Failure> {
     live()
         .remove(&(handle as usize))
         .ok_or_else(|| unknown(handle, what))

@@ -23,12 +23,22 @@ mod lifecycle;
 
 mod collectives;
 
+mod dispatch;
+
+mod ops;
+
+mod memory;
+
 mod boundary;
+mod entry;
 mod handles;
 
 pub use abi::*;
 pub use collectives::*;
+pub use dispatch::*;
 pub use lifecycle::*;
+pub use memory::*;
+pub use ops::*;
 
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,15 @@
 //! Versions, unique ids, creating and destroying communicators, queries and error strings.
 
 use std::ffi::{c_char, c_int};
+use std::sync::Arc;
 
 use oxccl_core::bootstrap::UniqueId;
 use oxccl_core::{Communicator, Config};
 
 use crate::abi::*;
-use crate::boundary::{Failure, error_string, guard, last_error, non_null};
+use crate::boundary::{Failure, Outcome, error_string, guard, last_error, non_null};
+use crate::dispatch::{Creation, create};
+use crate::entry::Entry;
 use crate::handles;
 
 /// This library's version as `major * 10000 + minor * 100 + patch` (NCCL's encoding).
@@ -66,26 +69,137 @@ pub unsafe extern "C" fn oxcclGetUniqueId(uniqueId: *mut oxcclUniqueId) -> oxccl
     })
 }
 
-/// Registers `comm` and writes its handle to `*out`.
+/// The version `OXCCL_CONFIG_INITIALIZER` writes: the NCCL version whose `ncclConfig_t`
+/// layout `oxcclConfig_t` has (2.27.5).
+pub const OXCCL_CONFIG_VERSION: u32 = 22705;
+
+/// The oldest `version` a config may carry: NCCL 2.14, which introduced `ncclConfig_t`.
+const OLDEST_CONFIG: u32 = 21400;
+
+/// Whether calls on a new communicator block, from the caller's `config` (NULL: they do).
+/// Checked as NCCL does: `size` covers at least the fields up to `blocking`, `magic` is
+/// `OXCCL_CONFIG_MAGIC`, `version` is plausible; fields past the caller's `size` (an older,
+/// smaller layout) count as undefined.
 ///
 /// # Safety
 ///
-/// `out` is NULL or valid for writing one handle.
-unsafe fn hand_out(out: *mut oxcclComm_t, comm: Communicator) -> Result<(), Failure> {
-    non_null(out, "comm")?;
-    // SAFETY: not NULL, and the caller guarantees it points to a writable oxcclComm_t.
-    unsafe { out.write(handles::register(comm)) };
-    Ok(())
+/// `config` is NULL or readable for its own `size` field's bytes (at least the `size` field).
+unsafe fn blocking(config: *const oxcclConfig_t) -> Result<bool, Failure> {
+    if config.is_null() {
+        return Ok(true);
+    }
+    let undefined = oxcclConfig_t {
+        size: 0,
+        magic: 0,
+        version: 0,
+        blocking: OXCCL_CONFIG_UNDEF_INT,
+        cgaClusterSize: OXCCL_CONFIG_UNDEF_INT,
+        minCTAs: OXCCL_CONFIG_UNDEF_INT,
+        maxCTAs: OXCCL_CONFIG_UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: OXCCL_CONFIG_UNDEF_INT,
+        trafficClass: OXCCL_CONFIG_UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: OXCCL_CONFIG_UNDEF_INT,
+        CTAPolicy: OXCCL_CONFIG_UNDEF_INT,
+        shrinkShare: OXCCL_CONFIG_UNDEF_INT,
+        nvlsCTAs: OXCCL_CONFIG_UNDEF_INT,
+    };
+    // SAFETY: the caller guarantees the size field is readable; the struct may be unaligned.
+    let size = unsafe { config.cast::<usize>().read_unaligned() };
+    let needed = std::mem::offset_of!(oxcclConfig_t, blocking) + std::mem::size_of::<c_int>();
+    if size < needed {
+        return Err(Failure::invalid(format!(
+            "config: its size is {size} bytes, less than the {needed} of the oldest layout: \
+             initialize it with OXCCL_CONFIG_INITIALIZER"
+        )));
+    }
+    let mut c = undefined;
+    let n = size.min(std::mem::size_of::<oxcclConfig_t>());
+    // SAFETY: the caller's struct is readable for its `size` bytes, of which we copy at most
+    // our own struct's size into a local of that type; every bit pattern is a valid
+    // oxcclConfig_t (ints and pointers that are never dereferenced).
+    unsafe { std::ptr::copy_nonoverlapping(config.cast::<u8>(), (&raw mut c).cast::<u8>(), n) };
+    if c.magic != OXCCL_CONFIG_MAGIC {
+        return Err(Failure::invalid(format!(
+            "config: magic is {:#x}, not {OXCCL_CONFIG_MAGIC:#x}: initialize it with \
+             OXCCL_CONFIG_INITIALIZER",
+            c.magic
+        )));
+    }
+    if c.version < OLDEST_CONFIG {
+        return Err(Failure::invalid(format!(
+            "config: version {} is older than {OLDEST_CONFIG} (NCCL 2.14, the first with a \
+             config): initialize it with OXCCL_CONFIG_INITIALIZER",
+            c.version
+        )));
+    }
+    match c.blocking {
+        OXCCL_CONFIG_UNDEF_INT | 1 => Ok(true),
+        0 => Ok(false),
+        other => Err(Failure::invalid(format!(
+            "config: blocking is {other}, not 0, 1 or OXCCL_CONFIG_UNDEF_INT"
+        ))),
+    }
+}
+
+/// The (size, rank) of a rank's creation call.
+fn size_and_rank(nranks: c_int, rank: c_int) -> Result<(usize, usize), Failure> {
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Failure::invalid(format!("nranks: {nranks} is not positive")))?;
+    let r = usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| Failure::invalid(format!("rank: {rank} is not in 0..{nranks} (nranks)")))?;
+    Ok((n, r))
+}
+
+/// The unique id in `raw`, the argument `what`.
+fn unique_id(raw: &oxcclUniqueId, what: &str) -> Result<UniqueId, Failure> {
+    let bytes: [u8; OXCCL_UNIQUE_ID_BYTES] = raw.internal.map(|c| c as u8);
+    UniqueId::from_bytes(&bytes).map_err(|e| {
+        Failure::invalid(format!(
+            "{what} is not an id from oxcclGetUniqueId (or was damaged on the way): {e}"
+        ))
+    })
+}
+
+/// Creates a rank's communicator from `id` (see `dispatch::create`).
+///
+/// # Safety
+///
+/// `comm` is writable (checked not NULL here); until `oxcclGroupEnd` inside a group.
+unsafe fn create_rank(
+    comm: *mut oxcclComm_t,
+    n: usize,
+    r: usize,
+    id: UniqueId,
+    blocking: bool,
+) -> Outcome {
+    let config = Config::from_env()?;
+    let make = Box::new(move || Ok(Some(Communicator::init_rank(&id, n, r, config)?)));
+    // SAFETY: the caller's contract.
+    unsafe {
+        create(Creation {
+            out: comm,
+            blocking,
+            make,
+        })
+    }
 }
 
 /// Creates rank `rank` of a communicator of `nranks` ranks that meet through `commId`
 /// (nccl.h's `ncclCommInitRank`). Every rank calls it with the same id and `nranks`; it
 /// returns when all have joined, or fails after `OXCCL_TIMEOUT` seconds. The configuration
-/// comes from the `OXCCL_*` environment variables.
+/// comes from the `OXCCL_*` environment variables. Inside a group, the communicator is
+/// created by `oxcclGroupEnd` (so one thread can create several ranks).
 ///
 /// # Safety
 ///
-/// `comm` is NULL (an error) or valid for writing one `oxcclComm_t`.
+/// `comm` is NULL (an error) or valid for writing one `oxcclComm_t` (until `oxcclGroupEnd`
+/// inside a group).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn oxcclCommInitRank(
     comm: *mut oxcclComm_t,
@@ -95,32 +209,90 @@ pub unsafe extern "C" fn oxcclCommInitRank(
 ) -> oxcclResult_t {
     guard("oxcclCommInitRank", || {
         non_null(comm, "comm")?;
-        let n = usize::try_from(nranks)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Failure::invalid(format!("nranks: {nranks} is not positive")))?;
-        let r = usize::try_from(rank)
-            .ok()
-            .filter(|&r| r < n)
-            .ok_or_else(|| {
-                Failure::invalid(format!("rank: {rank} is not in 0..{nranks} (nranks)"))
-            })?;
-        let bytes: [u8; OXCCL_UNIQUE_ID_BYTES] = commId.internal.map(|c| c as u8);
-        let id = UniqueId::from_bytes(&bytes).map_err(|e| {
-            Failure::invalid(format!(
-                "commId is not an id from oxcclGetUniqueId (or was damaged on the way): {e}"
-            ))
-        })?;
-        let c = Communicator::init_rank(&id, n, r, Config::from_env()?)?;
+        let (n, r) = size_and_rank(nranks, rank)?;
+        let id = unique_id(&commId, "commId")?;
         // SAFETY: `comm` was checked above; the caller guarantees it is writable.
-        unsafe { hand_out(comm, c) }
+        unsafe { create_rank(comm, n, r, id, true) }
+    })
+}
+
+/// `oxcclCommInitRank` with options (nccl.h's `ncclCommInitRankConfig`); `config` may be NULL.
+/// With `config->blocking = 0` the call returns `oxcclInProgress` at once with the handle in
+/// `*comm`, and the communicator is created in the background: poll
+/// `oxcclCommGetAsyncError` until it reports `oxcclSuccess` (or a failure) before using it.
+///
+/// # Safety
+///
+/// `comm` is NULL (an error) or valid for writing one `oxcclComm_t`; `config` is NULL or
+/// readable for its `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommInitRankConfig(
+    comm: *mut oxcclComm_t,
+    nranks: c_int,
+    commId: oxcclUniqueId,
+    rank: c_int,
+    config: *mut oxcclConfig_t,
+) -> oxcclResult_t {
+    guard("oxcclCommInitRankConfig", || {
+        non_null(comm, "comm")?;
+        let (n, r) = size_and_rank(nranks, rank)?;
+        let id = unique_id(&commId, "commId")?;
+        // SAFETY: the caller's contract for `config`.
+        let blocking = unsafe { blocking(config) }?;
+        // SAFETY: `comm` was checked above; the caller guarantees it is writable.
+        unsafe { create_rank(comm, n, r, id, blocking) }
+    })
+}
+
+/// Most ids `oxcclCommInitRankScalable` reads.
+const MAX_IDS: c_int = 1 << 16;
+
+/// `oxcclCommInitRankConfig` with several ids (nccl.h's `ncclCommInitRankScalable`, which
+/// spreads the bootstrap over several roots). oxccl's ranks meet at one store, so the first id
+/// is used; the others are checked and must be the same on every rank. `nId` is 1 to nranks.
+///
+/// # Safety
+///
+/// `newcomm` is NULL (an error) or valid for writing one `oxcclComm_t`; `commIds` is NULL (an
+/// error) or readable for `nId` ids; `config` is NULL or readable for its `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommInitRankScalable(
+    newcomm: *mut oxcclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut oxcclUniqueId,
+    config: *mut oxcclConfig_t,
+) -> oxcclResult_t {
+    guard("oxcclCommInitRankScalable", || {
+        non_null(newcomm, "newcomm")?;
+        let (n, r) = size_and_rank(nranks, myrank)?;
+        non_null(commIds, "commIds")?;
+        if nId < 1 || nId > nranks.min(MAX_IDS) {
+            return Err(Failure::invalid(format!(
+                "nId: {nId} is not in 1..={} (nranks)",
+                nranks.min(MAX_IDS)
+            )));
+        }
+        let mut first = None;
+        for i in 0..nId as usize {
+            // SAFETY: the caller guarantees `nId` readable ids; i < nId.
+            let raw = unsafe { commIds.add(i).read_unaligned() };
+            let id = unique_id(&raw, &format!("commIds[{i}]"))?;
+            first.get_or_insert(id);
+        }
+        let id = first.ok_or_else(|| Failure::invalid("commIds: no id"))?;
+        // SAFETY: the caller's contract for `config`.
+        let blocking = unsafe { blocking(config) }?;
+        // SAFETY: `newcomm` was checked above; the caller guarantees it is writable.
+        unsafe { create_rank(newcomm, n, r, id, blocking) }
     })
 }
 
 /// Creates `ndev` communicators that are ranks 0 to `ndev - 1` of one communicator inside this
-/// process (nccl.h's `ncclCommInitAll`), in `comms[0..ndev]`. Drive each from its own thread:
-/// a collective returns only when every rank has called it. `devlist` (CUDA devices) may be
-/// NULL and is ignored by this host-memory build.
+/// process (nccl.h's `ncclCommInitAll`), in `comms[0..ndev]`. Drive each from its own thread,
+/// or all from one thread inside a group: a collective completes only when every rank has
+/// called it. `devlist` (CUDA devices) may be NULL and is ignored by this host-memory build.
 ///
 /// # Safety
 ///
@@ -141,9 +313,10 @@ pub unsafe extern "C" fn oxcclCommInitAll(
             .ok_or_else(|| Failure::invalid(format!("ndev: {ndev} is not positive")))?;
         let all = Communicator::init_local(n, Config::from_env()?)?;
         for (i, c) in all.into_iter().enumerate() {
+            let handle = handles::register(Arc::new(Entry::ready(c, true)));
             // SAFETY: `comms` is not NULL and the caller guarantees room for `ndev` handles;
             // i < ndev.
-            unsafe { comms.add(i).write(handles::register(c)) };
+            unsafe { comms.add(i).write(handle) };
         }
         Ok(())
     })
@@ -161,29 +334,160 @@ pub unsafe extern "C" fn oxcclCommInitFromEnv(comm: *mut oxcclComm_t) -> oxcclRe
     guard("oxcclCommInitFromEnv", || {
         non_null(comm, "comm")?;
         let c = Communicator::init(Config::from_env()?)?;
+        let handle = handles::register(Arc::new(Entry::ready(c, true)));
         // SAFETY: `comm` was checked above; the caller guarantees it is writable.
-        unsafe { hand_out(comm, c) }
+        unsafe { comm.write(handle) };
+        Ok(())
     })
 }
 
-/// Destroys `comm`: its handle becomes invalid at once, and its connections close (after the
+/// Splits `comm` (nccl.h's `ncclCommSplit`): every rank of `comm` calls it; the ranks with the
+/// same `color` form a new communicator, ordered by `key` then by their rank in `comm`, whose
+/// handle goes to `*newcomm`; a rank with `OXCCL_SPLIT_NOCOLOR` gets NULL. `config` may be
+/// NULL (the new communicator blocks as `comm` does). Inside a group, the split happens at
+/// `oxcclGroupEnd`.
+///
+/// # Safety
+///
+/// `newcomm` is NULL (an error) or valid for writing one `oxcclComm_t` (until `oxcclGroupEnd`
+/// inside a group); `config` is NULL or readable for its `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommSplit(
+    comm: oxcclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut oxcclComm_t,
+    config: *mut oxcclConfig_t,
+) -> oxcclResult_t {
+    guard("oxcclCommSplit", || {
+        let parent = handles::get(comm, "comm")?;
+        non_null(newcomm, "newcomm")?;
+        parent.for_operation()?;
+        let color = match color {
+            OXCCL_SPLIT_NOCOLOR => None,
+            c => Some(u32::try_from(c).map_err(|_| {
+                Failure::invalid(format!(
+                    "color: {c} is neither non-negative nor OXCCL_SPLIT_NOCOLOR (-1)"
+                ))
+            })?),
+        };
+        // Keys order the new ranks: shift them so that u32 order is int order.
+        let key = (key as u32) ^ 0x8000_0000;
+        // A rank that joins nothing learns it when the split is done: it waits for it.
+        let blocking = if color.is_none() {
+            true
+        } else if config.is_null() {
+            parent.blocking
+        } else {
+            // SAFETY: the caller's contract for `config`.
+            unsafe { blocking(config) }?
+        };
+        let make = Box::new(move || {
+            // The split is a collective of the parent: its earlier operations finish first.
+            parent.drain()?;
+            Ok(parent.comm()?.split(color, key)?)
+        });
+        // SAFETY: `newcomm` was checked above; the caller guarantees it is writable.
+        unsafe {
+            create(Creation {
+                out: newcomm,
+                blocking,
+                make,
+            })
+        }
+    })
+}
+
+/// Finishes `comm`'s operations (nccl.h's `ncclCommFinalize`): afterwards it takes no new
+/// ones, and `oxcclCommDestroy` frees it. Blocking communicators return when every operation
+/// is done, with the first failure among them; non-blocking ones return `oxcclInProgress`
+/// until then (poll `oxcclCommGetAsyncError`).
+#[unsafe(no_mangle)]
+pub extern "C" fn oxcclCommFinalize(comm: oxcclComm_t) -> oxcclResult_t {
+    guard("oxcclCommFinalize", || {
+        let entry = handles::get(comm, "comm")?;
+        entry.comm()?;
+        entry.finalize();
+        if entry.blocking {
+            return entry.drain();
+        }
+        match entry.poll() {
+            oxcclSuccess => Ok(()),
+            oxcclInProgress => Err(Failure::in_progress()),
+            _ => Err(entry.comm().err().unwrap_or_else(|| Failure {
+                code: entry.poll(),
+                message: "an operation of comm failed (oxcclCommGetAsyncError)".into(),
+            })),
+        }
+    })
+}
+
+/// Destroys `comm`: its handle becomes invalid at once; its operations still running finish
+/// first (so their buffers are free when this returns), then its connections close (after the
 /// calls other threads are still making on it return). Every rank destroys its own.
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclCommDestroy(comm: oxcclComm_t) -> oxcclResult_t {
     guard("oxcclCommDestroy", || {
-        drop(handles::remove(comm, "comm")?);
+        let entry = handles::remove(comm, "comm")?;
+        // Their failures were reported (or are moot): the buffers are what matters here.
+        let _ = entry.drain();
         Ok(())
     })
 }
 
 /// Aborts and destroys `comm` from any thread: running and later calls on it fail (with
 /// `oxcclRemoteError`), the peers are told (their calls fail naming this rank), and the handle
-/// becomes invalid.
+/// becomes invalid. A communicator still being created (non-blocking) cannot be interrupted:
+/// its creation ends on its own (within `OXCCL_TIMEOUT`) and it is then closed.
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclCommAbort(comm: oxcclComm_t) -> oxcclResult_t {
     guard("oxcclCommAbort", || {
-        let c = handles::remove(comm, "comm")?;
-        c.abort();
+        let entry = handles::remove(comm, "comm")?;
+        if let Ok(c) = entry.comm() {
+            c.abort();
+        }
+        let _ = entry.drain();
+        Ok(())
+    })
+}
+
+/// Stores in `*asyncError` the state of `comm` (nccl.h's `ncclCommGetAsyncError`):
+/// `oxcclInProgress` while its creation or a non-blocking operation runs, the failure that
+/// broke it if one did (a peer's failure, a timeout: the communicator is then unusable, and
+/// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise.
+///
+/// # Safety
+///
+/// `asyncError` is NULL (an error) or valid for writing one `oxcclResult_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommGetAsyncError(
+    comm: oxcclComm_t,
+    asyncError: *mut oxcclResult_t,
+) -> oxcclResult_t {
+    guard("oxcclCommGetAsyncError", || {
+        let entry = handles::get(comm, "comm")?;
+        non_null(asyncError, "asyncError")?;
+        let state = entry.poll();
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { asyncError.write(state) };
+        Ok(())
+    })
+}
+
+/// Stores in `*device` the CUDA device of `comm`: -1, as this host-memory build's
+/// communicators have none.
+///
+/// # Safety
+///
+/// `device` is NULL (an error) or valid for writing one `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommCuDevice(comm: oxcclComm_t, device: *mut c_int) -> oxcclResult_t {
+    guard("oxcclCommCuDevice", || {
+        let entry = handles::get(comm, "comm")?;
+        entry.comm()?;
+        non_null(device, "device")?;
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { device.write(-1) };
         Ok(())
     })
 }
@@ -196,7 +500,8 @@ pub extern "C" fn oxcclCommAbort(comm: oxcclComm_t) -> oxcclResult_t {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn oxcclCommCount(comm: oxcclComm_t, count: *mut c_int) -> oxcclResult_t {
     guard("oxcclCommCount", || {
-        let c = handles::get(comm, "comm")?;
+        let entry = handles::get(comm, "comm")?;
+        let c = entry.comm()?;
         non_null(count, "count")?;
         let n = c_int::try_from(c.size())
             .map_err(|_| Failure::invalid("count: the size does not fit in an int"))?;
@@ -214,7 +519,8 @@ pub unsafe extern "C" fn oxcclCommCount(comm: oxcclComm_t, count: *mut c_int) ->
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn oxcclCommUserRank(comm: oxcclComm_t, rank: *mut c_int) -> oxcclResult_t {
     guard("oxcclCommUserRank", || {
-        let c = handles::get(comm, "comm")?;
+        let entry = handles::get(comm, "comm")?;
+        let c = entry.comm()?;
         non_null(rank, "rank")?;
         let r = c_int::try_from(c.rank())
             .map_err(|_| Failure::invalid("rank: the rank does not fit in an int"))?;

@@ -77,11 +77,37 @@ impl<'a> Group<'a> {
 
     /// Runs every operation of the group and waits for all of them.
     pub fn run(self) -> Result<()> {
-        let comm = self.comm;
+        // SAFETY: every buffer is borrowed by this group for 'a (sends shared, receives
+        // exclusive), and this waits for the operation before the borrows end.
+        let result = unsafe { self.comm.submit_point_to_point(&self.ops) }?;
+        match result {
+            Some(r) => {
+                self.comm.inner.wait(&r);
+                r.take().unwrap_or(Ok(()))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Communicator {
+    /// Copies the messages to this rank itself and queues the others as one point-to-point
+    /// operation; `None` when nothing goes to another rank. `ops` holds (peer, send?, memory,
+    /// length); the peers are in range.
+    ///
+    /// # Safety
+    ///
+    /// Each message's memory is valid for its length (read for a send, written for a receive),
+    /// receives overlap nothing else, and stays so until the returned operation is done.
+    pub(crate) unsafe fn submit_point_to_point(
+        &self,
+        ops: &[(Rank, bool, *mut u8, usize)],
+    ) -> Result<Option<Arc<OpResult>>> {
+        let comm = self;
         let me = comm.rank();
         // Messages to oneself: the k-th send pairs with the k-th receive; copy directly.
-        let sends: Vec<_> = self.ops.iter().filter(|o| o.0 == me && o.1).collect();
-        let recvs: Vec<_> = self.ops.iter().filter(|o| o.0 == me && !o.1).collect();
+        let sends: Vec<_> = ops.iter().filter(|o| o.0 == me && o.1).collect();
+        let recvs: Vec<_> = ops.iter().filter(|o| o.0 == me && !o.1).collect();
         if sends.len() != recvs.len() {
             return Err(Error::InvalidArgument(format!(
                 "rank {me}: group: {} sends to self but {} receives from self",
@@ -96,14 +122,14 @@ impl<'a> Group<'a> {
                     s.3, r.3
                 )));
             }
-            // SAFETY: both buffers are borrowed by this group for 'a (one shared, one exclusive),
-            // so they are valid and cannot overlap.
-            unsafe { std::ptr::copy_nonoverlapping(s.2, r.2, s.3) };
+            // SAFETY: the caller's contract: both are valid for their length, and a receive
+            // overlaps nothing else (`copy` rather than `copy_nonoverlapping` all the same).
+            unsafe { std::ptr::copy(s.2, r.2, s.3) };
         }
         let slice = comm.inner.means.slice_bytes.max(1);
         let mut messages = Vec::new();
         let mut totals: Vec<(Rank, u64, u64)> = Vec::new();
-        for &(peer, send, ptr, len) in self.ops.iter().filter(|o| o.0 != me) {
+        for &(peer, send, ptr, len) in ops.iter().filter(|o| o.0 != me) {
             let t = match totals.iter().position(|t| t.0 == peer) {
                 Some(i) => i,
                 None => {
@@ -119,7 +145,7 @@ impl<'a> Group<'a> {
             let mut off = 0;
             while off < len {
                 let n = slice.min(len - off);
-                // SAFETY: off + n <= len, within the borrowed buffer.
+                // SAFETY: off + n <= len, within the caller's buffer.
                 let at = unsafe { ptr.add(off) };
                 messages.push(Message {
                     peer,
@@ -131,7 +157,7 @@ impl<'a> Group<'a> {
             }
         }
         if totals.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let result = Arc::new(OpResult::default());
         let mut st = comm.inner.lock();
@@ -153,8 +179,6 @@ impl<'a> Group<'a> {
             output: (std::ptr::null_mut(), 0),
             result: result.clone(),
         });
-        st.engine.drive_until(&result);
-        drop(st);
-        result.take().unwrap_or(Ok(()))
+        Ok(Some(result))
     }
 }

@@ -13,6 +13,7 @@
 
 mod api;
 mod group;
+mod raw;
 mod setup;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use group::Group;
+pub use raw::{Pending, RawMessage};
 
 use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};

@@ -642,3 +642,5 @@ fn abort_fails_the_peers_call_with_a_remote_error() {
     assert!(msg.contains("rank 0"), "{msg}");
     ok(oxcclCommDestroy(comms[1].0));
 }
+
+mod extended;

@@ -1,0 +1,191 @@
+//! Memory calls: `oxcclMemAlloc`/`oxcclMemFree` hand out page-aligned host memory, and
+//! registrations (`oxcclCommRegister`, `oxcclCommWindowRegister`) are bookkeeping: host
+//! memory needs no registration with oxccl's transports, but a program written for NCCL
+//! registers and deregisters, and gets its handles checked.
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use crate::abi::*;
+use crate::boundary::{Failure, guard, non_null};
+use crate::handles;
+
+/// Alignment of `oxcclMemAlloc`'s memory: a page.
+const ALIGN: usize = 4096;
+
+/// Live allocations: address → layout.
+static ALLOCATED: Mutex<BTreeMap<usize, Layout>> = Mutex::new(BTreeMap::new());
+
+/// Registration handles: ids with the top bit set (never a user-space address), never reused.
+static NEXT: AtomicUsize = AtomicUsize::new((usize::MAX >> 1) + 1);
+
+/// Allocates `size` bytes of host memory, aligned to a page, in `*ptr`; free it with
+/// `oxcclMemFree`. The memory is not initialized.
+///
+/// # Safety
+///
+/// `ptr` is NULL (an error) or valid for writing one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> oxcclResult_t {
+    guard("oxcclMemAlloc", || {
+        non_null(ptr, "ptr")?;
+        if size == 0 {
+            return Err(Failure::invalid("size: 0 bytes"));
+        }
+        let layout = Layout::from_size_align(size, ALIGN)
+            .map_err(|_| Failure::invalid(format!("size: {size} bytes cannot be allocated")))?;
+        // SAFETY: the layout's size is not zero.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(Failure {
+                code: oxcclSystemError,
+                message: format!("out of memory allocating {size} bytes"),
+            });
+        }
+        ALLOCATED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(p as usize, layout);
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { ptr.write(p.cast()) };
+        Ok(())
+    })
+}
+
+/// Frees memory from `oxcclMemAlloc`; NULL is ignored, any other pointer is an error.
+#[unsafe(no_mangle)]
+pub extern "C" fn oxcclMemFree(ptr: *mut c_void) -> oxcclResult_t {
+    guard("oxcclMemFree", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let layout = ALLOCATED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(ptr as usize))
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "ptr ({ptr:p}) did not come from oxcclMemAlloc, or was freed already"
+                ))
+            })?;
+        // SAFETY: allocated by oxcclMemAlloc with this layout, and removed from the table, so
+        // freed once.
+        unsafe { std::alloc::dealloc(ptr.cast(), layout) };
+        Ok(())
+    })
+}
+
+/// Records a registration of `size` bytes at `buff` on `comm` and returns its handle.
+fn register(comm: oxcclComm_t, buff: *mut c_void, size: usize) -> Result<usize, Failure> {
+    let entry = handles::get(comm, "comm")?;
+    entry.comm()?;
+    if size > 0 {
+        non_null(buff, "buff")?;
+    }
+    (buff as usize)
+        .checked_add(size)
+        .ok_or_else(|| Failure::invalid(format!("size: {size} bytes at {buff:p} wrap around")))?;
+    let id = NEXT.fetch_add(16, Ordering::Relaxed);
+    entry
+        .registered
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, (buff as usize, size));
+    Ok(id)
+}
+
+/// Forgets registration `id` of `comm`.
+fn deregister(comm: oxcclComm_t, id: usize, what: &str) -> Result<(), Failure> {
+    let entry = handles::get(comm, "comm")?;
+    entry
+        .registered
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&id)
+        .map(|_| ())
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "{what} ({id:#x}) is not a registration of this comm (or was deregistered)"
+            ))
+        })
+}
+
+/// Registers `size` bytes at `buff` with `comm` (nccl.h's `ncclCommRegister`) and writes a
+/// handle to `*handle`. Host memory needs no registration: this only records it, so that
+/// `oxcclCommDeregister` can check the handle.
+///
+/// # Safety
+///
+/// `handle` is NULL (an error) or valid for writing one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommRegister(
+    comm: oxcclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> oxcclResult_t {
+    guard("oxcclCommRegister", || {
+        non_null(handle, "handle")?;
+        let id = register(comm, buff, size)?;
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { handle.write(std::ptr::without_provenance_mut(id)) };
+        Ok(())
+    })
+}
+
+/// Ends a registration of `oxcclCommRegister`.
+#[unsafe(no_mangle)]
+pub extern "C" fn oxcclCommDeregister(comm: oxcclComm_t, handle: *mut c_void) -> oxcclResult_t {
+    guard("oxcclCommDeregister", || {
+        deregister(comm, handle as usize, "handle")
+    })
+}
+
+/// nccl.h's `NCCL_WIN_DEFAULT`.
+pub const OXCCL_WIN_DEFAULT: c_int = 0;
+/// nccl.h's `NCCL_WIN_COLL_SYMMETRIC`: every rank registers a buffer of the same size.
+pub const OXCCL_WIN_COLL_SYMMETRIC: c_int = 1;
+
+/// Registers `size` bytes at `buff` as a window of `comm` (nccl.h's `ncclCommWindowRegister`,
+/// called by every rank) and writes its handle to `*win`. Bookkeeping, as
+/// `oxcclCommRegister`; `winFlags` is `OXCCL_WIN_DEFAULT` or `OXCCL_WIN_COLL_SYMMETRIC`.
+///
+/// # Safety
+///
+/// `win` is NULL (an error) or valid for writing one `oxcclWindow_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommWindowRegister(
+    comm: oxcclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut oxcclWindow_t,
+    winFlags: c_int,
+) -> oxcclResult_t {
+    guard("oxcclCommWindowRegister", || {
+        non_null(win, "win")?;
+        if winFlags != OXCCL_WIN_DEFAULT && winFlags != OXCCL_WIN_COLL_SYMMETRIC {
+            return Err(Failure::invalid(format!(
+                "winFlags: {winFlags} is not OXCCL_WIN_DEFAULT (0) or \
+                 OXCCL_WIN_COLL_SYMMETRIC (1)"
+            )));
+        }
+        let id = register(comm, buff, size)?;
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { win.write(std::ptr::without_provenance_mut(id)) };
+        Ok(())
+    })
+}
+
+/// Ends a registration of `oxcclCommWindowRegister`.
+#[unsafe(no_mangle)]
+pub extern "C" fn oxcclCommWindowDeregister(
+    comm: oxcclComm_t,
+    win: oxcclWindow_t,
+) -> oxcclResult_t {
+    guard("oxcclCommWindowDeregister", || {
+        deregister(comm, win as usize, "win")
+    })
+}

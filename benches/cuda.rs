@@ -198,6 +198,8 @@ fn random_bytes(dtype: DataType, bytes: usize, seed: u64) -> Vec<u8> {
             DataType::F16 => u64::from(half::f16::from_f64(small).to_bits()),
             DataType::BF16 => u64::from(half::bf16::from_f64(small).to_bits()),
             DataType::F32 => u64::from((small as f32).to_bits()),
+            DataType::F8E4M3 => u64::from(oxccl::F8E4M3::from_f64(small).to_bits()),
+            DataType::F8E5M2 => u64::from(oxccl::F8E5M2::from_f64(small).to_bits()),
             _ => small.to_bits(),
         };
         out.extend_from_slice(&word.to_le_bytes()[..dtype.size()]);

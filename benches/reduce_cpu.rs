@@ -14,7 +14,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use half::{bf16, f16};
 use oxccl::reduce::cpu::{reduce, reduce_into};
-use oxccl::types::{Element, ReduceOp};
+use oxccl::types::{Element, F8E4M3, ReduceOp};
 
 const LARGE: usize = 64 << 20;
 const SMALL: usize = 256 << 10;
@@ -121,6 +121,10 @@ fn large(c: &mut Criterion) {
     });
     in_place(&mut g, "f16_sum", &mut bufs, ReduceOp::Sum, |i| {
         f16::from_f32(f32_val(i))
+    });
+    // Values that saturate under repeated sums (at 448), never NaN.
+    in_place(&mut g, "f8e4m3_sum", &mut bufs, ReduceOp::Sum, |i| {
+        F8E4M3::from_f32(f32_val(i))
     });
     in_place(&mut g, "i32_sum", &mut bufs, ReduceOp::Sum, |i| i as i32);
     g.finish();

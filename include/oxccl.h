@@ -231,10 +231,14 @@ typedef struct oxcclWindow *oxcclWindow_t;
 // bfloat16.
 #define oxcclBfloat16 9
 
-// 8-bit float, 4 exponent bits (not supported yet: calls return `oxcclInvalidArgument`).
+// 8-bit float, OCP E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest 448.
+// Each reduction step computes in f32 and rounds to nearest even, saturating to ±448 (as
+// NCCL does); NaN stays NaN.
 #define oxcclFloat8e4m3 10
 
-// 8-bit float, 5 exponent bits (not supported yet: calls return `oxcclInvalidArgument`).
+// 8-bit float, OCP E5M2: 5 exponent bits, 2 mantissa bits, largest finite 57344. Each
+// reduction step computes in f32 and rounds to nearest even, saturating to ±57344 (as NCCL
+// does: an infinity that takes part in a step becomes ±57344); NaN stays NaN.
 #define oxcclFloat8e5m2 11
 
 // One more than the largest data type.

@@ -8,18 +8,20 @@
 // time, defining:
 //
 //   OXCCL_ELEM     I8 U8 I32 U32 I64 U64 F16 BF16 F32 F64    the element type
+//                  F8E4M3 F8E5M2
 //   OXCCL_OP       Sum Prod Max Min BAnd BOr BXor            the operator (not with OXCCL_DIVIDE)
 //   OXCCL_DIVIDE   defined: compile oxccl_divide instead of the two combining kernels
 //   OXCCL_THREADS  threads per block (the launch bounds; the host launches exactly this many)
 //   OXCCL_UNROLL   16-byte vectors each thread loads per operand before it uses the first
 //
 // The file includes no header, not even cuda_fp16.h: a machine with only a driver and libnvrtc
-// (no toolkit) compiles it. f16 converts with PTX's own cvt instructions, bf16 with integer
-// arithmetic, both correctly rounded.
+// (no toolkit) compiles it. f16 converts with PTX's own cvt instructions, bf16 and the 8-bit
+// floats with integer arithmetic, all correctly rounded.
 //
 // Arithmetic is the contract of src/types.rs, bit for bit equal to src/reduce/cpu.rs (except for
 // which NaN comes out): integers wrap; float min/max are IEEE 754-2019 minimum/maximum (NaN wins,
 // -0 < +0); f16/bf16 compute in f32 and round back to nearest even after every operation;
+// f8e4m3/f8e5m2 likewise, with NCCL's saturating rounding (__NV_SATFINITE);
 // integer division truncates toward zero; float division is correctly rounded (f16/bf16 go
 // through f64 and round-to-odd f32, as the CPU does). NVRTC is called with --fmad=false
 // --ftz=false --prec-div=true, so no contraction, flush or approximation changes a bit.
@@ -31,6 +33,7 @@
 // differ modulo 16 are processed element by element (still coalesced and unrolled, just narrower).
 // Blocks loop over the buffer (grid-stride), so any grid size is correct.
 
+typedef unsigned char ox_u8;
 typedef unsigned short ox_u16;
 typedef unsigned int ox_u32;
 typedef long long ox_i64;
@@ -98,10 +101,56 @@ __device__ __forceinline__ ox_u16 f32_to_bf16(float x) {
     return (ox_u16)(x != x ? nan : rounded);
 }
 
-// x / by for x a half-type value widened to f32, as an f32 that rounds (to nearest even) to the
-// correctly rounded half-type quotient: the quotient in f64 (never within 2^-53 of a half-type
-// midpoint unless it is one, for by < 2^40), then rounded to f32 by round-to-odd, which a second
-// rounding to 11 or 8 bits cannot spoil. Round-to-odd: truncate, and set the last bit if
+// 8-bit floats (OCP FP8) <-> f32 in integer arithmetic (PTX's fp8 conversions need sm_89), the
+// same steps as src/float8.rs. Widening is exact. Narrowing rounds to nearest even and
+// saturates, as NCCL's __nv_fp8_e4m3/__nv_fp8_e5m2 constructors do (__NV_SATFINITE): beyond
+// the largest finite value, infinity included, gives the largest finite value; a NaN gives
+// 0x7f. Normal results round by adding half an ulp minus one plus the lowest kept bit to the
+// rebiased f32 bits; subnormal ones by an f32 addition of 2^(1 - bias - mantissa bits + 23),
+// which leaves the count of smallest subnormals, rounded to nearest even, in the low bits.
+template <int M, int BIAS, ox_u32 MAX_BITS>
+__device__ __forceinline__ ox_u8 f32_to_f8(float x) {
+    const ox_u32 b = bits(x);
+    const ox_u32 sign = (b >> 24) & 0x80u;
+    ox_u32 abs = b & 0x7fffffffu;
+    const bool nan = abs > 0x7f800000u;
+    abs = abs < MAX_BITS ? abs : MAX_BITS;  // saturate, infinity included
+    const ox_u32 drop = 23 - M;
+    const ox_u32 min_normal = (ox_u32)(128 - BIAS) << 23;
+    const ox_u32 magic = (ox_u32)(128 - BIAS + drop) << 23;
+    const ox_u32 sub = bits(from_bits(abs) + from_bits(magic)) - magic;
+    const ox_u32 rebias = abs - ((ox_u32)(127 - BIAS) << 23);
+    const ox_u32 normal = (rebias + (1u << (drop - 1)) - 1u + ((abs >> drop) & 1u)) >> drop;
+    const ox_u32 magnitude = abs < min_normal ? sub : normal;
+    return (ox_u8)(nan ? 0x7fu : (magnitude | sign));
+}
+
+// E4M3 (bias 7): no infinities; S.1111.111 is NaN.
+__device__ __forceinline__ float f8e4m3_to_f32(ox_u8 h) {
+    const ox_u32 sign = (ox_u32)(h & 0x80u) << 24;
+    const ox_u32 em = h & 0x7fu;
+    ox_u32 magnitude = em < 0x08u ? bits((float)em * (1.0f / 512.0f)) : (em << 20) + (120u << 23);
+    if (em == 0x7fu) magnitude = 0x7fc00000u;
+    return from_bits(magnitude | sign);
+}
+
+// E5M2 (bias 15): S.11111.00 is infinity, S.11111.xx NaN.
+__device__ __forceinline__ float f8e5m2_to_f32(ox_u8 h) {
+    const ox_u32 sign = (ox_u32)(h & 0x80u) << 24;
+    const ox_u32 em = h & 0x7fu;
+    ox_u32 magnitude = em < 0x04u ? bits((float)em * (1.0f / 65536.0f)) : (em << 21) + (112u << 23);
+    if (em == 0x7cu) magnitude = 0x7f800000u;
+    if (em > 0x7cu) magnitude = 0x7fc00000u;
+    return from_bits(magnitude | sign);
+}
+
+__device__ __forceinline__ ox_u8 f32_to_f8e4m3(float x) { return f32_to_f8<3, 7, 0x43e00000u>(x); }
+__device__ __forceinline__ ox_u8 f32_to_f8e5m2(float x) { return f32_to_f8<2, 15, 0x47600000u>(x); }
+
+// x / by for x a half-type (or 8-bit float) value widened to f32, as an f32 that rounds (to
+// nearest even) to the correctly rounded half-type quotient: the quotient in f64 (never within
+// 2^-53 of a half-type midpoint unless it is one, for by < 2^40), then rounded to f32 by
+// round-to-odd, which a second rounding to 11, 8, 4 or 3 bits cannot spoil. Round-to-odd: truncate, and set the last bit if
 // anything was cut off.
 __device__ __forceinline__ float half_quotient(float x, ox_u64 by) {
     double q = (double)x / (double)by;
@@ -199,10 +248,32 @@ struct BF16Repr {
     }
 };
 
+struct F8E4M3Repr {
+    typedef ox_u8 T;
+    typedef float C;
+    static __device__ __forceinline__ C widen(T x) { return f8e4m3_to_f32(x); }
+    static __device__ __forceinline__ T narrow(C x) { return f32_to_f8e4m3(x); }
+    static __device__ __forceinline__ T divide(T x, ox_u64 by) {
+        return f32_to_f8e4m3(half_quotient(f8e4m3_to_f32(x), by));
+    }
+};
+
+struct F8E5M2Repr {
+    typedef ox_u8 T;
+    typedef float C;
+    static __device__ __forceinline__ C widen(T x) { return f8e5m2_to_f32(x); }
+    static __device__ __forceinline__ T narrow(C x) { return f32_to_f8e5m2(x); }
+    static __device__ __forceinline__ T divide(T x, ox_u64 by) {
+        return f32_to_f8e5m2(half_quotient(f8e5m2_to_f32(x), by));
+    }
+};
+
 struct F32 : FloatElem<F32Repr> {};
 struct F64 : FloatElem<F64Repr> {};
 struct F16 : FloatElem<F16Repr> {};
 struct BF16 : FloatElem<BF16Repr> {};
+struct F8E4M3 : FloatElem<F8E4M3Repr> {};
+struct F8E5M2 : FloatElem<F8E5M2Repr> {};
 
 // Operators: each picks the element type's function of its name.
 #define OXCCL_OPERATOR(NAME, FN)                                                                \

@@ -13,18 +13,25 @@
 //! - **`avg`** is `sum` followed by one division by the number of ranks, applied once to the fully
 //!   reduced value. On integers the sum wraps and the division truncates toward zero (like Rust's
 //!   `/`); on floats it is the correctly rounded quotient of the reduced value by the rank
-//!   count (for `f16`/`bf16`, computed so that it stays correctly rounded even when the count is
-//!   not representable in the element type; see `reduce::cpu::divide`).
+//!   count (for `f16`/`bf16` and the 8-bit types, computed so that it stays correctly rounded
+//!   even when the count is not representable in the element type; see `reduce::cpu::divide`).
 //! - **`min`/`max` on floats** follow IEEE 754-2019 `minimum`/`maximum`: a NaN in any contribution
 //!   makes the result NaN (a gradient that went NaN anywhere is not silently hidden), and
 //!   `-0.0 < +0.0`. Both rules make them commutative and associative bit for bit, except for
 //!   which NaN payload comes out.
 //! - **`f16`/`bf16`** arithmetic is performed in `f32` and rounded back after every operation,
 //!   as NCCL's `__hadd` does; the result equals the correctly rounded operation in the element type.
+//! - **`f8e4m3`/`f8e5m2`** ([`F8E4M3`], [`F8E5M2`]) likewise compute in `f32` and round back to
+//!   nearest even after every operation, but the rounding **saturates**, as NCCL's does
+//!   (`__NV_SATFINITE`): a result beyond the largest finite value, infinity included, becomes
+//!   that value (±448, ±57344), and a NaN stays a NaN. So an E5M2 infinity that takes part in a
+//!   reduction step comes out as ±57344. `avg` divides once at the end, as for every float.
 //! - **`band`/`bor`/`bxor`** are defined on integer types only.
 
 use std::fmt;
 use std::str::FromStr;
+
+pub use crate::float8::{F8E4M3, F8E5M2};
 
 /// A process's index in a communicator, `0..size`.
 pub type Rank = usize;
@@ -55,11 +62,15 @@ pub enum DataType {
     F64 = 8,
     /// bfloat16: binary32 truncated to 8 significant bits (`bfloat16`).
     BF16 = 9,
+    /// OCP FP8 E4M3 (`ncclFloat8e4m3`): no infinities, ±448 at most; see [`F8E4M3`].
+    F8E4M3 = 10,
+    /// OCP FP8 E5M2 (`ncclFloat8e5m2`): IEEE-like, ±57344 at most; see [`F8E5M2`].
+    F8E5M2 = 11,
 }
 
 impl DataType {
     /// Every data type, in nccl.h order.
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 12] = [
         DataType::I8,
         DataType::U8,
         DataType::I32,
@@ -70,19 +81,22 @@ impl DataType {
         DataType::F32,
         DataType::F64,
         DataType::BF16,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
     ];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
-            DataType::I8 | DataType::U8 => 1,
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
             DataType::F16 | DataType::BF16 => 2,
             DataType::I32 | DataType::U32 | DataType::F32 => 4,
             DataType::I64 | DataType::U64 | DataType::F64 => 8,
         }
     }
 
-    /// The name nccl-tests prints and accepts (`float`, `half`, `bfloat16`, `int32`, ...).
+    /// The name nccl-tests prints and accepts (`float`, `half`, `bfloat16`, `f8e4m3`, `int32`,
+    /// ...).
     pub const fn name(self) -> &'static str {
         match self {
             DataType::I8 => "int8",
@@ -95,14 +109,21 @@ impl DataType {
             DataType::F32 => "float",
             DataType::F64 => "double",
             DataType::BF16 => "bfloat16",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 
-    /// True for the four floating-point types.
+    /// True for the six floating-point types.
     pub const fn is_float(self) -> bool {
         matches!(
             self,
-            DataType::F16 | DataType::BF16 | DataType::F32 | DataType::F64
+            DataType::F8E4M3
+                | DataType::F8E5M2
+                | DataType::F16
+                | DataType::BF16
+                | DataType::F32
+                | DataType::F64
         )
     }
 
@@ -119,6 +140,8 @@ impl DataType {
             7 => DataType::F32,
             8 => DataType::F64,
             9 => DataType::BF16,
+            10 => DataType::F8E4M3,
+            11 => DataType::F8E5M2,
             _ => return None,
         })
     }
@@ -151,7 +174,8 @@ impl FromStr for DataType {
     type Err = UnknownName;
 
     /// Parses nccl-tests names (`int8 uint8 int32 uint32 int64 uint64 half float double
-    /// bfloat16`), nccl.h spellings (`float16`, `float32`, `float64`, `char`, `int`) and Rust
+    /// bfloat16 f8e4m3 f8e5m2`), nccl.h spellings (`float16`, `float32`, `float64`, `char`,
+    /// `int`, `float8e4m3`, `float8e5m2`), PyTorch's (`float8_e4m3fn`, `float8_e5m2`) and Rust
     /// names (`i8`, `f32`, `bf16`, ...), ignoring ASCII case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let lower = s.to_ascii_lowercase();
@@ -166,6 +190,10 @@ impl FromStr for DataType {
             "float" | "float32" | "f32" | "fp32" => DataType::F32,
             "double" | "float64" | "f64" | "fp64" => DataType::F64,
             "bfloat16" | "bf16" => DataType::BF16,
+            "f8e4m3" | "float8e4m3" | "fp8e4m3" | "fp8_e4m3" | "float8_e4m3fn" | "f8e4m3fn" => {
+                DataType::F8E4M3
+            }
+            "f8e5m2" | "float8e5m2" | "fp8e5m2" | "fp8_e5m2" | "float8_e5m2" => DataType::F8E5M2,
             _ => {
                 return Err(UnknownName {
                     kind: "data type",
@@ -320,6 +348,7 @@ macro_rules! element {
 element! {
     i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
     half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64,
+    F8E4M3 => F8E4M3, F8E5M2 => F8E5M2,
 }
 
 #[cfg(test)]
@@ -336,11 +365,18 @@ mod tests {
         assert_eq!(DataType::U64.size(), size_of::<u64>());
         assert_eq!(DataType::F16.size(), size_of::<half::f16>());
         assert_eq!(DataType::BF16.size(), size_of::<half::bf16>());
+        assert_eq!(DataType::F8E4M3.size(), size_of::<F8E4M3>());
+        assert_eq!(DataType::F8E5M2.size(), size_of::<F8E5M2>());
         assert_eq!(DataType::F64.size(), size_of::<f64>());
         assert_eq!("FLOAT32".parse::<DataType>().unwrap(), DataType::F32);
         assert_eq!("bf16".parse::<DataType>().unwrap(), DataType::BF16);
         assert!("float8".parse::<DataType>().is_err());
-        assert_eq!(DataType::from_raw(10), None);
+        assert_eq!("F8E4M3".parse::<DataType>().unwrap(), DataType::F8E4M3);
+        assert_eq!("float8_e5m2".parse::<DataType>().unwrap(), DataType::F8E5M2);
+        // nccl.h's numbering: ncclFloat8e4m3 = 10, ncclFloat8e5m2 = 11, ncclNumTypes = 12.
+        assert_eq!(DataType::from_raw(10), Some(DataType::F8E4M3));
+        assert_eq!(DataType::from_raw(11), Some(DataType::F8E5M2));
+        assert_eq!(DataType::from_raw(12), None);
         assert_eq!(DataType::from_raw(-1), None);
     }
 
@@ -351,6 +387,8 @@ mod tests {
             assert_eq!(ReduceOp::from_raw(op as i64), Some(op));
         }
         assert!(!ReduceOp::BXor.supports(DataType::F32));
+        assert!(!ReduceOp::BAnd.supports(DataType::F8E5M2));
+        assert!(ReduceOp::Avg.supports(DataType::F8E4M3));
         assert!(ReduceOp::BXor.supports(DataType::U8));
         assert!(ReduceOp::Avg.supports(DataType::I32));
         assert_eq!(ReduceOp::Avg.combiner(), ReduceOp::Sum);

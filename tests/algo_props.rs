@@ -27,7 +27,7 @@ fn case(algorithm: Algorithm) -> impl Strategy<Value = Case> {
                 .filter(|&c| algorithm.supports(c))
                 .collect();
             let collective = colls[rng.below(colls.len() as u64) as usize];
-            let dtype = DataType::ALL[rng.below(10) as usize];
+            let dtype = DataType::ALL[rng.below(DataType::ALL.len() as u64) as usize];
             let ops: Vec<_> = ReduceOp::ALL
                 .into_iter()
                 .filter(|o| o.supports(dtype))

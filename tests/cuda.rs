@@ -166,6 +166,11 @@ fn kernels_compile_to_cubins_for_the_h100() {
         Kernel::Divide {
             dtype: DataType::BF16,
         },
+        Kernel::combine(DataType::F8E4M3, ReduceOp::Sum).unwrap(),
+        Kernel::combine(DataType::F8E5M2, ReduceOp::Min).unwrap(),
+        Kernel::Divide {
+            dtype: DataType::F8E5M2,
+        },
     ];
     for kernel in kernels {
         let cubin = cuda::compile_cubin(kernel, 90).unwrap_or_else(|e| panic!("{kernel}: {e}"));
@@ -175,7 +180,7 @@ fn kernels_compile_to_cubins_for_the_h100() {
 
 #[test]
 fn bitwise_operators_on_floats_have_no_kernel() {
-    for dtype in [DataType::F16, DataType::BF16, DataType::F32, DataType::F64] {
+    for dtype in DataType::ALL.into_iter().filter(|d| d.is_float()) {
         for op in [ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor] {
             assert!(matches!(
                 Kernel::combine(dtype, op),
@@ -243,14 +248,27 @@ fn seed(test: &str) -> Rng {
     Rng(seed)
 }
 
-/// A float's bits in `dtype` (a float type), from an `f64` (rounded to nearest).
+/// A float's bits in `dtype` (a float type), from an `f64` (rounded to nearest; the 8-bit
+/// types saturate, except that E5M2 keeps its infinities).
 fn float_bits(dtype: DataType, x: f64) -> u64 {
     match dtype {
         DataType::F16 => u64::from(half::f16::from_f64(x).to_bits()),
         DataType::BF16 => u64::from(half::bf16::from_f64(x).to_bits()),
         DataType::F32 => u64::from((x as f32).to_bits()),
         DataType::F64 => x.to_bits(),
+        DataType::F8E4M3 => u64::from(oxccl::F8E4M3::from_f64(x).to_bits()),
+        DataType::F8E5M2 if x.is_infinite() => 0x7c | u64::from(x.is_sign_negative()) << 7,
+        DataType::F8E5M2 => u64::from(oxccl::F8E5M2::from_f64(x).to_bits()),
         _ => unreachable!("{dtype} is not a float"),
+    }
+}
+
+/// The bits of `dtype`'s largest finite value (a float type).
+fn max_finite_bits(dtype: DataType) -> u64 {
+    match dtype {
+        DataType::F8E4M3 => 0x7e,
+        DataType::F8E5M2 => 0x7b,
+        _ => float_bits(dtype, f64::INFINITY) - 1,
     }
 }
 
@@ -292,7 +310,7 @@ fn element(dtype: DataType, rng: &mut Rng) -> u64 {
                     let magnitude = if p == specials.len() {
                         1
                     } else {
-                        float_bits(dtype, f64::INFINITY) - 1
+                        max_finite_bits(dtype)
                     };
                     magnitude | neg
                 }
@@ -323,6 +341,8 @@ fn is_nan(dtype: DataType, b: u64) -> bool {
     match dtype {
         DataType::F16 => b & 0x7c00 == 0x7c00 && b & 0x03ff != 0,
         DataType::BF16 => b & 0x7f80 == 0x7f80 && b & 0x007f != 0,
+        DataType::F8E4M3 => b & 0x7f == 0x7f,
+        DataType::F8E5M2 => b & 0x7f > 0x7c,
         DataType::F32 => f32::from_bits(b as u32).is_nan(),
         DataType::F64 => f64::from_bits(b).is_nan(),
         _ => false,

@@ -8,6 +8,9 @@
 //!   and rounded once by this file's own round-to-nearest-even ([`round_to`]), not by the `half`
 //!   crate. By the double-rounding theorem (`f64` has more than `2p + 2` bits for each of them)
 //!   that is bit-exact with the contract's "compute in `f32`, round to the type";
+//! - `f8e4m3`/`f8e5m2` likewise are computed in `f64` and rounded once by [`round_to`], then
+//!   saturated to the largest finite value (infinity included), as NCCL's `__NV_SATFINITE`
+//!   narrowing does ([`round_sat`]);
 //! - `f64` is computed natively;
 //! - `min`/`max` implement IEEE 754-2019 `minimum`/`maximum` through `f64::total_cmp` (NaN if
 //!   either operand is NaN; -0 < +0);
@@ -19,7 +22,7 @@ use half::{bf16, f16};
 use oxccl::reduce::cpu::{
     divide, divide_bytes, reduce, reduce_bytes, reduce_into, reduce_into_bytes,
 };
-use oxccl::types::{DataType, Element, ReduceOp};
+use oxccl::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -66,6 +69,16 @@ const BF16: Format = Format {
     p: 8,
     emin: -126,
     emax: 127,
+};
+const E4M3: Format = Format {
+    p: 4,
+    emin: -6,
+    emax: 8,
+};
+const E5M2: Format = Format {
+    p: 3,
+    emin: -14,
+    emax: 15,
 };
 const F32: Format = Format {
     p: 24,
@@ -149,6 +162,14 @@ fn round_f64(x: f64, fmt: &Format) -> f64 {
     let (neg, m, e) = decompose(x);
     let r = round_to(m, false, e, fmt);
     if neg { -r } else { r }
+}
+
+/// `x` (already rounded to an 8-bit format, or infinite) saturated to that format's largest
+/// finite value `max`: E4M3's rounding may land on 480, where its NaN pattern sits, and both
+/// formats' conversions turn infinities into `±max`.
+fn round_sat(x: f64, fmt: &Format, max: f64) -> f64 {
+    let r = round_f64(x, fmt);
+    if r.abs() > max { max.copysign(r) } else { r }
 }
 
 /// The exact quotient `x / by`, rounded once to `fmt`.
@@ -500,6 +521,88 @@ half_ty!(
     ]
 );
 
+macro_rules! fp8_ty {
+    ($t:ty, $fmt:expr, $max:expr, [$($bits:expr),*]) => {
+        impl Ty for $t {
+            const OPS: &'static [ReduceOp] = FLOAT_OPS;
+            const MAX_EXACT_DIVISOR: usize = 1 << 40;
+
+            fn specials() -> Vec<Self> {
+                let mut v: Vec<$t> = float_specials().into_iter().map(Self::from_exact).collect();
+                v.extend([$(<$t>::from_bits($bits)),*]);
+                v
+            }
+
+            fn from_bits64(bits: u64) -> Self {
+                <$t>::from_bits(bits as u8)
+            }
+
+            fn small(i: i64) -> Self {
+                Self::from_exact(i as f64 * 0.25)
+            }
+
+            fn neg(self) -> Self {
+                -self
+            }
+
+            fn op_ref(op: ReduceOp, a: Self, b: Self) -> Self {
+                Self::from_exact(float_op(op, a.to_f64(), b.to_f64()))
+            }
+
+            fn div_ref(a: Self, by: usize) -> Self {
+                if by == 1 {
+                    return a; // untouched: an E5M2 infinity stays one
+                }
+                Self::from_exact(div_exact(a.to_f64(), by as u64, &$fmt))
+            }
+
+            fn same(a: Self, b: Self) -> bool {
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+            }
+        }
+
+        impl FromExact for $t {
+            fn from_exact(x: f64) -> Self {
+                // Rounded and saturated here; the conversion then only has to be exact.
+                let x = if x.is_nan() { x } else { round_sat(x, &$fmt, $max) };
+                let r = <$t>::from_f64(x);
+                assert!(r.to_f64() == x || x.is_nan(), "{x} is not exact");
+                r
+            }
+        }
+    };
+}
+
+fp8_ty!(
+    F8E4M3,
+    E4M3,
+    448.0,
+    [
+        0x7e, 0xfe, // ±max (448)
+        0x08, 0x88, // ±smallest normal (2^-6)
+        0x01, 0x81, // ±smallest subnormal (2^-9)
+        0x07, // largest subnormal
+        0xff, // the negative NaN
+        0x39, // 1 + ulp
+        0x77, // 240, just below a binade
+        0x7d  // 416
+    ]
+);
+fp8_ty!(
+    F8E5M2,
+    E5M2,
+    57344.0,
+    [
+        0x7b, 0xfb, // ±max (57344)
+        0x7c, 0xfc, // ±inf
+        0x04, 0x84, // ±smallest normal (2^-14)
+        0x01, 0x81, // ±smallest subnormal (2^-16)
+        0x03, // largest subnormal
+        0x7d, 0xfe, // NaNs with other payloads
+        0x3d  // 1 + ulp
+    ]
+);
+
 /// A random value: a special, a small ordinary value, or random bits.
 fn random<T: Ty>(rng: &mut Rng, specials: &[T]) -> T {
     match rng.below(10) {
@@ -835,6 +938,8 @@ per_type! {
     t_bf16: bf16, 80;
     t_f32: f32, 90;
     t_f64: f64, 100;
+    t_f8e4m3: F8E4M3, 110;
+    t_f8e5m2: F8E5M2, 120;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1018,6 +1123,14 @@ fn errors_are_returned_not_panics() {
     expect_err(
         reduce(&mut [1.0f64], &[1.0], ReduceOp::BOr),
         "reduce bor f64",
+    );
+    expect_err(
+        reduce(&mut [F8E4M3::ONE], &[F8E4M3::ONE], ReduceOp::BXor),
+        "reduce bxor f8e4m3",
+    );
+    expect_err(
+        reduce(&mut [F8E5M2::ONE], &[F8E5M2::ONE], ReduceOp::BAnd),
+        "reduce band f8e5m2",
     );
     expect_err(
         reduce_into(&mut f, &[1.0, 2.0], &[1.0], ReduceOp::Sum),

@@ -61,9 +61,13 @@ pub const oxcclFloat64: oxcclDataType_t = 8;
 pub const oxcclDouble: oxcclDataType_t = 8;
 /// bfloat16.
 pub const oxcclBfloat16: oxcclDataType_t = 9;
-/// 8-bit float, 4 exponent bits (not supported yet: calls return `oxcclInvalidArgument`).
+/// 8-bit float, OCP E4M3FN: 4 exponent bits, 3 mantissa bits, no infinities, largest 448.
+/// Each reduction step computes in f32 and rounds to nearest even, saturating to ±448 (as
+/// NCCL does); NaN stays NaN.
 pub const oxcclFloat8e4m3: oxcclDataType_t = 10;
-/// 8-bit float, 5 exponent bits (not supported yet: calls return `oxcclInvalidArgument`).
+/// 8-bit float, OCP E5M2: 5 exponent bits, 2 mantissa bits, largest finite 57344. Each
+/// reduction step computes in f32 and rounds to nearest even, saturating to ±57344 (as NCCL
+/// does: an infinity that takes part in a step becomes ±57344); NaN stays NaN.
 pub const oxcclFloat8e5m2: oxcclDataType_t = 11;
 /// One more than the largest data type.
 pub const oxcclNumTypes: oxcclDataType_t = 12;

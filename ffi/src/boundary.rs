@@ -157,20 +157,12 @@ pub(crate) fn host_only(stream: oxcclStream_t) -> Outcome {
 
 /// The data type whose nccl.h value is `raw`.
 pub(crate) fn data_type(raw: oxcclDataType_t) -> Result<DataType, Failure> {
-    match raw {
-        oxcclFloat8e4m3 => Err(Failure::invalid(
-            "datatype: float8 (oxcclFloat8e4m3) is not supported yet",
-        )),
-        oxcclFloat8e5m2 => Err(Failure::invalid(
-            "datatype: float8 (oxcclFloat8e5m2) is not supported yet",
-        )),
-        _ => DataType::from_raw(raw.into()).ok_or_else(|| {
-            Failure::invalid(format!(
-                "datatype: {raw} is not an oxcclDataType_t (0 to {})",
-                oxcclNumTypes - 1
-            ))
-        }),
-    }
+    DataType::from_raw(raw.into()).ok_or_else(|| {
+        Failure::invalid(format!(
+            "datatype: {raw} is not an oxcclDataType_t (0 to {})",
+            oxcclNumTypes - 1
+        ))
+    })
 }
 
 /// `value`, the argument `what` (a root, a peer), as a rank of a communicator of `size` ranks.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 
 use half::{bf16, f16};
-use oxccl_core::{DataType, ReduceOp};
+use oxccl_core::{DataType, F8E4M3, F8E5M2, ReduceOp};
 
 use crate::abi::*;
 use crate::boundary::{Failure, Outcome, data_type, non_null};
@@ -114,6 +114,14 @@ unsafe fn read_scalar(at: *const u8, dtype: DataType) -> [u8; 8] {
     v
 }
 
+fn e4m3(bits: u8) -> f32 {
+    F8E4M3::from_bits(bits).to_f32()
+}
+
+fn e5m2(bits: u8) -> f32 {
+    F8E5M2::from_bits(bits).to_f32()
+}
+
 macro_rules! scale_int {
     ($t:ty, $dst:expr, $src:expr, $k:expr) => {{
         const N: usize = std::mem::size_of::<$t>();
@@ -150,6 +158,8 @@ pub(crate) fn scale(dst: &mut [u8], src: &[u8], dtype: DataType, k: [u8; 8]) -> 
         DataType::BF16 => scale_float!(bf16, dst, src, k, f32::from, bf16::from_f32),
         DataType::F32 => scale_float!(f32, dst, src, k, |x| x, |x| x),
         DataType::F64 => scale_float!(f64, dst, src, k, |x| x, |x| x),
+        DataType::F8E4M3 => scale_float!(u8, dst, src, k, e4m3, |x| F8E4M3::from_f32(x).to_bits()),
+        DataType::F8E5M2 => scale_float!(u8, dst, src, k, e5m2, |x| F8E5M2::from_f32(x).to_bits()),
         #[allow(unreachable_patterns)]
         other => {
             return Err(Failure::invalid(format!(

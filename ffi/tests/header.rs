@@ -2,8 +2,9 @@
 //! stale (`OXCCL_UPDATE_HEADER=1` rewrites it), and checks that it compiles as C99 and C++17
 //! with every warning an error.
 
+mod util;
+
 use std::path::PathBuf;
-use std::process::Command;
 
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -47,17 +48,10 @@ fn the_header_is_current() {
 /// compiles the header as generated now (`the_header_is_current` checks that it is the committed
 /// one), so that it never reads a file that test is rewriting.
 fn compiles(compiler: &str, std: &str, ext: &str) {
-    if Command::new(compiler).arg("--version").output().is_err() {
-        // CI installs one and sets this: there a missing compiler is a failure.
-        assert!(
-            std::env::var_os("OXCCL_REQUIRE_CC").is_none(),
-            "no {compiler}, and OXCCL_REQUIRE_CC is set"
-        );
-        println!("skipped: no C compiler ({compiler})");
+    if !util::have(compiler, util::REQUIRE_CC) {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("oxccl-header-{}-{std}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = util::scratch(&format!("header-{std}"));
     std::fs::write(dir.join("oxccl.h"), generate()).expect("write the header");
     let src = dir.join(format!("use.{ext}"));
     std::fs::write(
@@ -70,26 +64,8 @@ fn compiles(compiler: &str, std: &str, ext: &str) {
          }\n",
     )
     .expect("write source");
-    let out = Command::new(compiler)
-        .arg(format!("-std={std}"))
-        .args([
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-fsyntax-only",
-            "-I",
-        ])
-        .arg(&dir)
-        .arg(&src)
-        .output()
-        .expect("run the compiler");
+    util::syntax_check(compiler, std, &src, &[&dir]);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "oxccl.h does not compile as {std}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

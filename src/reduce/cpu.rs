@@ -2,7 +2,9 @@
 //! that the compiler vectorises. On x86-64 every loop is also compiled for AVX2 and picked at run
 //! time when the CPU has it. `f16`/`bf16` are computed in `f32` (their [`divide`] in `f64`):
 //! `bf16` through branchless conversions fused into the loop, `f16` through F16C (or, without
-//! it, the `half` crate's slice conversions on cache-sized blocks).
+//! it, the `half` crate's slice conversions on cache-sized blocks). The 8-bit floats
+//! ([`F8E4M3`], [`F8E5M2`]) are computed in `f32` too, through their branchless conversions
+//! (which saturate, as NCCL's do).
 //!
 //! Buffers larger than the caches are walked as four interleaved streams, which keeps more
 //! memory fetches in flight: an in-place `f32` sum of 64 MiB then runs at 85-100% of `memcpy`'s
@@ -19,6 +21,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
+use crate::float8::{F8E4M3, F8E5M2};
 use crate::types::{DataType, Element, ReduceOp};
 
 /// `dst[i] = dst[i] ⊕ src[i]` for every element.
@@ -50,8 +53,9 @@ pub fn reduce_into<T: Element>(out: &mut [T], a: &[T], b: &[T], op: ReduceOp) ->
 ///
 /// Integers truncate toward zero, for every `by` (one beyond the type's range gives 0, or -1 for
 /// `MIN / 2^(bits-1)`). Floats get the correctly rounded quotient for every `by` up to 2^24
-/// (`f32`), 2^53 (`f64`) or 2^40 (`f16`, `bf16`), so for any real rank count. `by == 1` leaves
-/// the bits untouched.
+/// (`f32`), 2^53 (`f64`) or 2^40 (`f16`, `bf16`, `f8e4m3`, `f8e5m2`), so for any real rank
+/// count; the 8-bit types saturate as their conversions do (an E5M2 infinity divided becomes
+/// ±57344). `by == 1` leaves the bits untouched.
 ///
 /// Fails with [`Error::InvalidArgument`] when `by` is zero.
 pub fn divide<T: Element>(dst: &mut [T], by: usize) -> Result<()> {
@@ -231,6 +235,8 @@ fn reduce_aligned_impl(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp
         DataType::F64 => go!(f64, Float),
         DataType::F16 => go!(f16, Half),
         DataType::BF16 => go!(bf16, Half),
+        DataType::F8E4M3 => go!(F8E4M3, Eight),
+        DataType::F8E5M2 => go!(F8E5M2, Eight),
     }
 }
 
@@ -257,6 +263,8 @@ fn reduce_into_aligned_impl(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType,
         DataType::F64 => go!(f64, Float),
         DataType::F16 => go!(f16, Half),
         DataType::BF16 => go!(bf16, Half),
+        DataType::F8E4M3 => go!(F8E4M3, Eight),
+        DataType::F8E5M2 => go!(F8E5M2, Eight),
     }
 }
 
@@ -278,6 +286,8 @@ fn divide_aligned_impl(dst: &mut [u8], dtype: DataType, by: usize) {
         DataType::F64 => go!(f64, Float),
         DataType::F16 => go!(f16, Half),
         DataType::BF16 => go!(bf16, Half),
+        DataType::F8E4M3 => go!(F8E4M3, Eight),
+        DataType::F8E5M2 => go!(F8E5M2, Eight),
     }
 }
 
@@ -713,7 +723,7 @@ fn half_quotient(x: f32, by: f64) -> f32 {
 /// two neighbours has an odd last bit. Rounding that again to nearest in a format of at most 22
 /// significand bits (`f16`, `bf16`) gives the same result as rounding `x` directly. Branchless.
 #[inline(always)]
-fn f64_to_f32_odd(x: f64) -> f32 {
+pub(crate) fn f64_to_f32_odd(x: f64) -> f32 {
     let y = x as f32;
     let bits = y.to_bits();
     // NaN compares unequal to itself but needs no adjustment.
@@ -852,6 +862,54 @@ impl Half<f16> {
         }
     }
 }
+
+/// 8-bit float loops: every operation is done in `f32` and narrowed back with the type's
+/// saturating round-to-nearest-even (as NCCL's `__nv_fp8_*` constructors do, with
+/// `__NV_SATFINITE`). Both conversions are branch-free, so the loops vectorise.
+struct Eight<T>(std::marker::PhantomData<T>);
+
+macro_rules! eight_kernels {
+    ($($t:ty),*) => {$(
+        impl Eight<$t> {
+            #[inline(always)]
+            fn reduce(dst: &mut [$t], src: &[$t], op: ReduceOp) {
+                macro_rules! go {
+                    ($f:expr) => {{
+                        let f = $f;
+                        // Widen both, compute in f32, narrow (rounding, saturating) once.
+                        zip2::<{ piece!($t) }, _>(dst, src, |a, b| {
+                            <$t>::from_f32(f(a.to_f32(), b.to_f32()))
+                        })
+                    }};
+                }
+                with_f32_op!(op, go)
+            }
+
+            #[inline(always)]
+            fn reduce_into(out: &mut [$t], a: &[$t], b: &[$t], op: ReduceOp) {
+                macro_rules! go {
+                    ($f:expr) => {{
+                        let f = $f;
+                        zip3::<{ piece!($t) }, _>(out, a, b, |x, y| {
+                            <$t>::from_f32(f(x.to_f32(), y.to_f32()))
+                        })
+                    }};
+                }
+                with_f32_op!(op, go)
+            }
+
+            /// The quotient in `f64`, carried to `f32` by round-to-odd, narrowed once: correctly
+            /// rounded, as for the half types ([`half_quotient`]).
+            #[inline(always)]
+            fn divide(dst: &mut [$t], by: usize) {
+                let by = by as f64;
+                map(dst, |d| <$t>::from_f32(half_quotient(d.to_f32(), by)));
+            }
+        }
+    )*};
+}
+
+eight_kernels!(F8E4M3, F8E5M2);
 
 /// AVX2 builds of the loops, and F16C conversion for `f16`.
 #[cfg(target_arch = "x86_64")]

@@ -49,15 +49,139 @@ pub fn wrap(d: DataType, x: i128) -> i128 {
     }
 }
 
-/// Rounds an f64 to `d` once (correctly rounded) and back.
+/// Rounds an f64 to `d` once (correctly rounded) and back. The 8-bit floats saturate, as the
+/// library's conversions do: past the largest finite value, infinity included, is that value.
 pub fn round(d: DataType, x: f64) -> f64 {
     match d {
         DataType::F16 => half::f16::from_f64(x).to_f64(),
         DataType::BF16 => half::bf16::from_f64(x).to_f64(),
         DataType::F32 => x as f32 as f64,
         DataType::F64 => x,
+        DataType::F8E4M3 | DataType::F8E5M2 => fp8_round(Fp8::of(d), x),
         _ => unreachable!("not a float"),
     }
+}
+
+/// An 8-bit float format, by its definition (OCP FP8): mantissa bits, exponent bias, whether
+/// the top exponent holds infinities and NaNs (E5M2, IEEE-like) or only the NaN `S.1111.111`
+/// (E4M3), and the largest finite value.
+#[derive(Clone, Copy)]
+pub struct Fp8 {
+    pub mantissa_bits: u32,
+    pub bias: i32,
+    pub ieee: bool,
+    pub max: f64,
+}
+
+impl Fp8 {
+    pub const E4M3: Fp8 = Fp8 {
+        mantissa_bits: 3,
+        bias: 7,
+        ieee: false,
+        max: 448.0,
+    };
+    pub const E5M2: Fp8 = Fp8 {
+        mantissa_bits: 2,
+        bias: 15,
+        ieee: true,
+        max: 57344.0,
+    };
+
+    pub fn of(d: DataType) -> Fp8 {
+        match d {
+            DataType::F8E4M3 => Fp8::E4M3,
+            DataType::F8E5M2 => Fp8::E5M2,
+            _ => unreachable!("{d} is not an 8-bit float"),
+        }
+    }
+
+    /// Exponent of the smallest normal number.
+    fn emin(self) -> i32 {
+        1 - self.bias
+    }
+}
+
+/// `2^k`, exactly (`k` in f64's normal range).
+fn pow2(k: i32) -> f64 {
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// The value of 8-bit float bits `b` (a table of [`fp8_definition`], built once per format).
+pub fn fp8_value(f: Fp8, b: u8) -> f64 {
+    static TABLES: std::sync::OnceLock<[[f64; 256]; 2]> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        [Fp8::E4M3, Fp8::E5M2].map(|f| std::array::from_fn(|b| fp8_definition(f, b as u8)))
+    });
+    tables[usize::from(f.ieee)][usize::from(b)]
+}
+
+/// The value of 8-bit float bits `b`, from the format's definition.
+pub fn fp8_definition(f: Fp8, b: u8) -> f64 {
+    let m = f.mantissa_bits;
+    let exp_mask: i32 = 0x7f >> m;
+    let e = i32::from(b & 0x7f) >> m;
+    let frac = f64::from(b & ((1 << m) - 1));
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let top = e == exp_mask;
+    let magnitude = if top && f.ieee {
+        if frac == 0.0 { f64::INFINITY } else { f64::NAN }
+    } else if top && frac == f64::from((1u8 << m) - 1) {
+        f64::NAN
+    } else if e == 0 {
+        frac * pow2(f.emin() - m as i32)
+    } else {
+        (1.0 + frac / f64::from(1u32 << m)) * pow2(e - f.bias)
+    };
+    sign * magnitude
+}
+
+/// `x` rounded to nearest (ties to even) in the format, saturating: the quantum at `x`'s
+/// binade (or the subnormal quantum) divides `x` exactly in f64, and `round_ties_even` rounds.
+pub fn fp8_round(f: Fp8, x: f64) -> f64 {
+    if x.is_nan() {
+        return f64::NAN;
+    }
+    let a = x.abs();
+    if a >= f.max {
+        return f.max.copysign(x);
+    }
+    if a == 0.0 {
+        return x;
+    }
+    let e = if a.is_normal() {
+        (((a.to_bits() >> 52) & 0x7ff) as i32 - 1023).max(f.emin())
+    } else {
+        f.emin()
+    };
+    let quantum = pow2(e - f.mantissa_bits as i32);
+    ((a / quantum).round_ties_even() * quantum)
+        .min(f.max)
+        .copysign(x)
+}
+
+/// The bits of `x` in the format after [`fp8_round`] (any NaN becomes `0x7f`).
+pub fn fp8_bits(f: Fp8, x: f64) -> u8 {
+    let r = fp8_round(f, x);
+    if r.is_nan() {
+        return 0x7f;
+    }
+    let sign = if r.is_sign_negative() { 0x80 } else { 0 };
+    let a = r.abs();
+    let m = f.mantissa_bits as i32;
+    let magnitude = if a == 0.0 {
+        0
+    } else {
+        let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        if e < f.emin() {
+            (a / pow2(f.emin() - m)) as u8
+        } else {
+            let frac = a / pow2(e - m) - f64::from(1u32 << m);
+            (((e + f.bias) << m) as u8) | frac as u8
+        }
+    };
+    let b = magnitude | sign;
+    debug_assert_eq!(fp8_value(f, b), r);
+    b
 }
 
 /// Values stored as bytes of `d`.
@@ -80,6 +204,7 @@ pub fn encode_into(d: DataType, v: V, out: &mut Vec<u8>) {
             (DataType::BF16, V::F(x)) => out.extend(half::bf16::from_f64(x).to_le_bytes()),
             (DataType::F32, V::F(x)) => out.extend((x as f32).to_le_bytes()),
             (DataType::F64, V::F(x)) => out.extend(x.to_le_bytes()),
+            (DataType::F8E4M3 | DataType::F8E5M2, V::F(x)) => out.push(fp8_bits(Fp8::of(d), x)),
             _ => panic!("value {v:?} does not fit {d}"),
         }
     }
@@ -95,18 +220,41 @@ pub fn decode(d: DataType, bytes: &[u8]) -> Vec<V> {
 /// Rank `rank`'s `len` input values for reductions with `op`, chosen so that every reduction
 /// order gives the same bits: full-range integers (wrapping is associative); for floats, small
 /// integers for sum/avg, ±1 (and 2 on the first 8 ranks) for prod, anything — NaN, ±inf, ±0
-/// included — for min/max.
+/// included — for min/max. The 8-bit floats hold every integer only up to 16 (E4M3) or 8
+/// (E5M2), so for sum/avg at most 5 ranks contribute to each element (rank `r` to the elements
+/// `i` with `(r + i) % 8 == 0`, among ranks below 40), with values that keep every partial sum
+/// exact; their infinities saturate to the largest finite value, as the library's conversions
+/// do.
 pub fn inputs(d: DataType, op: ReduceOp, rank: usize, len: usize, rng: &mut Rng) -> Vec<V> {
-    (0..len).map(|_| input(d, op, rank, rng)).collect()
+    (0..len).map(|i| input(d, op, rank, i, rng)).collect()
 }
 
-/// One input value (see [`inputs`]).
-pub fn input(d: DataType, op: ReduceOp, rank: usize, rng: &mut Rng) -> V {
+/// Input value `index` of rank `rank` (see [`inputs`]).
+pub fn input(d: DataType, op: ReduceOp, rank: usize, index: usize, rng: &mut Rng) -> V {
     if !d.is_float() {
         let raw = rng.next() as i128 | ((rng.next() as i128) << 64);
         return V::I(wrap(d, raw));
     }
+    let fp8 = matches!(d, DataType::F8E4M3 | DataType::F8E5M2);
     V::F(match op {
+        ReduceOp::Sum | ReduceOp::Avg if fp8 => {
+            if rank >= 40 || !(rank + index).is_multiple_of(8) {
+                0.0
+            } else if d == DataType::F8E4M3 {
+                // -1.5..=1.5 in halves: five of them sum to at most 7.5, four significant bits.
+                rng.below(7) as f64 * 0.5 - 1.5
+            } else {
+                // -1..=1: five of them sum to at most 5, three significant bits.
+                rng.below(3) as f64 - 1.0
+            }
+        }
+        _ if fp8 && !matches!(op, ReduceOp::Prod) => {
+            // Min/max: as for the other floats, rounded (and saturated) to the type.
+            let V::F(x) = input(DataType::F64, op, rank, index, rng) else {
+                unreachable!()
+            };
+            round(d, x)
+        }
         ReduceOp::Sum | ReduceOp::Avg => rng.below(17) as f64 - 8.0,
         ReduceOp::Prod => {
             let sign = if rng.below(2) == 0 { -1.0 } else { 1.0 };
@@ -133,8 +281,8 @@ pub fn input(d: DataType, op: ReduceOp, rank: usize, rng: &mut Rng) -> V {
 /// [`inputs`], encoded straight into bytes of `d` (no per-element allocation).
 pub fn input_bytes(d: DataType, op: ReduceOp, rank: usize, len: usize, rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(len * d.size());
-    for _ in 0..len {
-        encode_into(d, input(d, op, rank, rng), &mut out);
+    for i in 0..len {
+        encode_into(d, input(d, op, rank, i, rng), &mut out);
     }
     out
 }
@@ -157,6 +305,7 @@ pub fn value(d: DataType, bytes: &[u8], i: usize) -> V {
         DataType::BF16 => V::F(half::bf16::from_le_bytes(b2(c)).to_f64()),
         DataType::F32 => V::F(f32::from_le_bytes(b4(c)) as f64),
         DataType::F64 => V::F(f64::from_le_bytes(b8(c))),
+        DataType::F8E4M3 | DataType::F8E5M2 => V::F(fp8_value(Fp8::of(d), c[0])),
     }
 }
 

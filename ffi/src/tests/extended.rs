@@ -699,3 +699,49 @@ fn a_blocking_communicator_reports_a_peers_failure_through_get_async_error() {
     assert_eq!(state, oxcclRemoteError);
     ok(oxcclCommDestroy(survivor.get()));
 }
+
+#[test]
+fn float8_reduces_in_f32_and_rounds_to_nearest_even() {
+    use oxccl_core::{F8E4M3, F8E5M2};
+    let n = 3;
+    let comms = init_all(n);
+    on_each(&comms, |r, c| {
+        // e4m3: small integers, so that every partial sum in any order is exact (integers up
+        // to 16 are representable) and equals the f32 sum rounded once.
+        let xs: Vec<f32> = (0..16).map(|i| (i % 4 + r) as f32).collect();
+        let mut bits: Vec<u8> = xs.iter().map(|&x| F8E4M3::from_f32(x).to_bits()).collect();
+        let p = void_mut(&mut bits);
+        // SAFETY: 16 bytes.
+        ok(unsafe { oxcclAllReduce(p, p, 16, oxcclFloat8e4m3, oxcclSum, c, null_mut()) });
+        for (i, &b) in bits.iter().enumerate() {
+            let exact: f32 = (0..n).map(|q| (i % 4 + q) as f32).sum();
+            assert_eq!(F8E4M3::from_bits(b).to_f32(), exact, "element {i}");
+        }
+        // e5m2 max saturates instead of overflowing.
+        let mut big = [F8E5M2::MAX.to_bits(); 2];
+        let pb = void_mut(&mut big);
+        // SAFETY: 2 bytes.
+        ok(unsafe { oxcclAllReduce(pb, pb, 2, oxcclFloat8e5m2, oxcclSum, c, null_mut()) });
+        assert_eq!(big, [F8E5M2::MAX.to_bits(); 2]);
+        // A pre-multiplied sum on e4m3: 0.5 · (1 + r) summed.
+        let mut k = F8E4M3::from_f32(0.5).to_bits();
+        let mut op = -1;
+        // SAFETY: `op` writable, `k` readable.
+        ok(unsafe {
+            oxcclRedOpCreatePreMulSum(
+                &mut op,
+                (&raw mut k).cast(),
+                oxcclFloat8e4m3,
+                oxcclScalarHostImmediate,
+                c,
+            )
+        });
+        let mut v = [F8E4M3::from_f32(1.0 + r as f32).to_bits(); 4];
+        let pv = void_mut(&mut v);
+        // SAFETY: 4 bytes.
+        ok(unsafe { oxcclAllReduce(pv, pv, 4, oxcclFloat8e4m3, op, c, null_mut()) });
+        assert_eq!(F8E4M3::from_bits(v[0]).to_f32(), 0.5 * 6.0);
+        ok(oxcclRedOpDestroy(op, c));
+    });
+    destroy(comms);
+}

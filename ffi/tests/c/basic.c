@@ -59,6 +59,15 @@ static oxcclResult_t settle(oxcclComm_t comm) {
   return state;
 }
 
+/* The value of a normal float8 e4m3 (bias 7, 3 mantissa bits). */
+static float e4m3(unsigned char b) {
+  int e = (b >> 3) & 15, m = b & 7;
+  float v = (1.0f + (float)m / 8.0f);
+  for (; e > 7; e--) v *= 2.0f;
+  for (; e < 7; e++) v /= 2.0f;
+  return (b & 0x80) ? -v : v;
+}
+
 /* The collectives on `comm` (n ranks, this one `me`), checked. */
 static void collectives(oxcclComm_t comm, int me, int n) {
   float send[K], recv[K];
@@ -74,6 +83,14 @@ static void collectives(oxcclComm_t comm, int me, int n) {
   for (i = 0; i < K; i++) send[i] = (float)(me * 10 + i);
   CHECK(oxcclAllReduce(send, recv, K, oxcclFloat32, oxcclMax, comm, NULL));
   for (i = 0; i < K; i++) EXPECT(recv[i] == (float)((n - 1) * 10 + i), "max", i);
+
+  /* float8: n ones sum to n, exact up to 16 */
+  if (n <= 16) {
+    unsigned char f8[K];
+    for (i = 0; i < K; i++) f8[i] = 0x38; /* 1.0 */
+    CHECK(oxcclAllReduce(f8, f8, K, oxcclFloat8e4m3, oxcclSum, comm, NULL));
+    for (i = 0; i < K; i++) EXPECT(e4m3(f8[i]) == (float)n, "float8 all-reduce", i);
+  }
 
   for (i = 0; i < K; i++) bcast[i] = me == n - 1 ? 1000 + i : -1;
   CHECK(oxcclBroadcast(bcast, bcast, K, oxcclInt32, n - 1, comm, NULL));

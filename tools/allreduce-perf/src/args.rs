@@ -87,8 +87,8 @@ pub struct Cli {
           value_parser = parse_op_list)]
     pub op: Vec<Vec<OpItem>>,
 
-    /// Data types (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, all; comma
-    /// lists) [default: float].
+    /// Data types (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3
+    /// f8e5m2, all; comma lists) [default: float].
     #[arg(short = 'd', long = "datatype", value_name = "TYPE", action = ArgAction::Append,
           value_parser = parse_dtype_list)]
     pub datatype: Vec<Vec<DataType>>,
@@ -497,7 +497,7 @@ pub fn parse_dtype_list(s: &str) -> Result<Vec<DataType>, String> {
             out.push(w.parse::<DataType>().map_err(|e| {
                 format!(
                     "{e} (known: int8 uint8 int32 uint32 int64 uint64 half float double \
-                     bfloat16, all)"
+                     bfloat16 f8e4m3 f8e5m2, all)"
                 )
             })?);
         }
@@ -686,9 +686,11 @@ mod tests {
         let s = settings(&["-d", "all"]).unwrap();
         assert_eq!(s.dtypes, DataType::ALL.to_vec());
         let s = settings(&["-d", "float,all"]).unwrap();
-        assert_eq!(s.dtypes.len(), 10);
+        assert_eq!(s.dtypes.len(), 12);
         assert_eq!(s.dtypes[0], DataType::F32);
-        let e = settings(&["-d", "f8e4m3"]).unwrap_err();
+        let s = settings(&["-d", "f8e4m3,f8e5m2"]).unwrap();
+        assert_eq!(s.dtypes, vec![DataType::F8E4M3, DataType::F8E5M2]);
+        let e = settings(&["-d", "f8e4m2"]).unwrap_err();
         assert!(e.contains("unknown data type"), "{e}");
         assert!(settings(&["-d", ","]).is_err());
     }

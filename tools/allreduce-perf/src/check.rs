@@ -2,11 +2,11 @@
 //! of output elements that differ from it. Every rank can compute every rank's input from
 //! (rank, index), so expected values are derived here with exact integer arithmetic, never with
 //! oxccl's kernels. Values stay small enough that every partial result is exact in the element
-//! type (bf16 included), so no reduction order can change a bit; only `avg` rounds, once, as
-//! oxccl's contract says. This module touches only the memory it is given.
+//! type (bf16 and the 8-bit floats included), so no reduction order can change a bit; only `avg`
+//! rounds, once, as oxccl's contract says. This module touches only the memory it is given.
 
 use half::{bf16, f16};
-use oxccl::types::{DataType, Element, ReduceOp};
+use oxccl::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 
 use crate::coll::Coll;
 
@@ -38,6 +38,8 @@ fn exact_bound(dtype: DataType) -> u64 {
         DataType::I8 => 127,
         DataType::U8 => 255,
         DataType::BF16 => 256,
+        DataType::F8E4M3 => 16,
+        DataType::F8E5M2 => 8,
         DataType::F16 => 2048,
         _ => 1 << 24,
     }
@@ -165,9 +167,35 @@ impl Known for bf16 {
     }
 }
 
+// The 8-bit floats: a quotient of small integers can be subnormal there (E4M3's smallest normal
+// is 2^-6), so it is rounded to the subnormal quantum below that (2^-9, 2^-16).
+impl Known for F8E4M3 {
+    fn small(v: u64) -> Self {
+        F8E4M3::from_f64(v as f64)
+    }
+    fn ratio(sum: u64, n: u64) -> Self {
+        F8E4M3::from_f64(round_ratio_above(sum, n, 4, 9))
+    }
+}
+
+impl Known for F8E5M2 {
+    fn small(v: u64) -> Self {
+        F8E5M2::from_f64(v as f64)
+    }
+    fn ratio(sum: u64, n: u64) -> Self {
+        F8E5M2::from_f64(round_ratio_above(sum, n, 3, 16))
+    }
+}
+
 /// `num / den` rounded to nearest, ties to even, to `bits` significant bits, computed exactly
 /// (no double rounding through f64). Inputs are small, so the result is a normal number.
 fn round_ratio(num: u64, den: u64, bits: u32) -> f64 {
+    round_ratio_above(num, den, bits, i32::MAX)
+}
+
+/// [`round_ratio`] in a format whose smallest subnormal is `2^-lowest`: results below its
+/// smallest normal are rounded to a multiple of that.
+fn round_ratio_above(num: u64, den: u64, bits: u32, lowest: i32) -> f64 {
     if num == 0 || den == 0 {
         return 0.0;
     }
@@ -178,7 +206,7 @@ fn round_ratio(num: u64, den: u64, bits: u32) -> f64 {
         d <<= 1;
         scale -= 1;
     }
-    while n / d < top >> 1 {
+    while n / d < top >> 1 && scale < lowest {
         n <<= 1;
         scale += 1;
     }
@@ -276,6 +304,14 @@ macro_rules! with_type {
             }
             DataType::BF16 => {
                 type $t = bf16;
+                $body
+            }
+            DataType::F8E4M3 => {
+                type $t = F8E4M3;
+                $body
+            }
+            DataType::F8E5M2 => {
+                type $t = F8E5M2;
                 $body
             }
         }
@@ -378,6 +414,13 @@ mod tests {
         // 257/1 is a tie between 256 and 258 in bf16 (8 bits): even mantissa wins.
         assert_eq!(round_ratio(257, 1, 8), 256.0);
         assert_eq!(round_ratio(259, 1, 8), 260.0);
+        // Subnormal results keep the quantum of the smallest subnormal: 1/100 in E4M3 is
+        // 5.12 · 2^-9, so 5 · 2^-9; 3/512 is 3 · 2^-9 exactly; 1/1024 ties to 0 (even).
+        assert_eq!(round_ratio_above(1, 100, 4, 9), 5.0 / 512.0);
+        assert_eq!(round_ratio_above(3, 512, 4, 9), 3.0 / 512.0);
+        assert_eq!(round_ratio_above(1, 1024, 4, 9), 0.0);
+        assert_eq!(round_ratio_above(3, 1024, 4, 9), 2.0 / 512.0);
+        assert_eq!(round_ratio_above(7, 3, 3, 16), 2.5);
         for (s, n) in [(1u64, 3u64), (20, 3), (7, 6), (2047, 7)] {
             let want = s as f64 / n as f64;
             assert_eq!(round_ratio(s, n, 53), want);

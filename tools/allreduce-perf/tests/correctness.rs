@@ -109,8 +109,8 @@ fn every_type_with_every_operator_checks_clean() {
     ]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
-    // 6 integer types × 8 operators + 4 float types × 5 operators, 4 sizes each.
-    assert_eq!(rows(&out).len(), (6 * 8 + 4 * 5) * 4, "{out}");
+    // 6 integer types × 8 operators + 6 float types × 5 operators, 4 sizes each.
+    assert_eq!(rows(&out).len(), (6 * 8 + 6 * 5) * 4, "{out}");
     for op in ["band", "bor", "bxor", "avg", "prod"] {
         assert!(
             out.contains(&format!("   int8  {op:>6}")),
@@ -120,6 +120,18 @@ fn every_type_with_every_operator_checks_clean() {
     assert!(
         !out.contains(" float    band"),
         "a bitwise operator ran on floats:\n{out}"
+    );
+    for op in ["sum", "avg", "prod", "min", "max"] {
+        for t in ["f8e4m3", "f8e5m2"] {
+            assert!(
+                out.contains(&format!(" {t}  {op:>6}")),
+                "no {t} {op} row:\n{out}"
+            );
+        }
+    }
+    assert!(
+        !out.contains(" f8e4m3    band"),
+        "a bitwise operator ran on fp8:\n{out}"
     );
 }
 

@@ -194,7 +194,7 @@ fn a_dead_rank_stops_the_standalone_job_with_a_message() {
 fn usage_errors_and_unavailable_features_exit_2() {
     for (args, says) in [
         (&["-b", "1X"][..], "is not a size"),
-        (&["-d", "f8e4m3"], "unknown data type"),
+        (&["-d", "float8"], "unknown data type"),
         (&["-o", "mulsum"], "neither a reduction operator"),
         (&["--op", "allgather", "--op", "reduce"], "two collectives"),
         (&["-b", "2M", "-e", "1M"], "larger than -e"),

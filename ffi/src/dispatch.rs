@@ -15,7 +15,7 @@
 //! If a call inside a group fails, `oxcclGroupEnd` runs none of the group's work and returns
 //! that failure.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use oxccl_core::algo::{Collective, Plan};
@@ -64,6 +64,14 @@ const MAX_DEPTH: usize = 1 << 16;
 
 thread_local! {
     static GROUP: RefCell<Group> = RefCell::new(Group::default());
+    /// `GROUP`'s depth, for the check every call makes (a const-initialized cell is cheaper to
+    /// reach than the group itself).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this thread has a group open.
+fn in_group() -> bool {
+    DEPTH.try_with(Cell::get).unwrap_or(0) > 0
 }
 
 /// Remembers `f`, the failure of a call inside this thread's group, for `oxcclGroupEnd`.
@@ -94,6 +102,14 @@ fn keep<T>(item: T, put: impl FnOnce(&mut Group, T)) -> Option<T> {
 /// Runs, starts or keeps `job` on `entry`'s communicator (see the module documentation).
 pub(crate) fn issue(entry: &Arc<Entry>, job: Job) -> Outcome {
     let comm = entry.for_operation()?;
+    if entry.blocking && !in_group() {
+        // The common case, first: run_raw checks the regions itself.
+        let r = run_now(comm, job);
+        if let Err(f) = &r {
+            entry.fail(f);
+        }
+        return r;
+    }
     if let Job::Collective {
         plan,
         input,
@@ -106,13 +122,6 @@ pub(crate) fn issue(entry: &Arc<Entry>, job: Job) -> Outcome {
     let Some(job) = keep(job, |g, job| g.jobs.push((entry.clone(), job))) else {
         return Ok(());
     };
-    if entry.blocking {
-        let r = run_now(comm, job);
-        if let Err(f) = &r {
-            entry.fail(f);
-        }
-        return r;
-    }
     let op = match job {
         Job::Collective {
             plan,
@@ -285,6 +294,7 @@ pub extern "C" fn oxcclGroupStart() -> oxcclResult_t {
                 )));
             }
             g.depth += 1;
+            DEPTH.set(g.depth);
             Ok(())
         })
     })
@@ -304,6 +314,7 @@ pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
                 return Err(Failure::usage("oxcclGroupEnd without oxcclGroupStart"));
             }
             g.depth -= 1;
+            DEPTH.set(g.depth);
             if g.depth > 0 {
                 return Ok(None);
             }

@@ -29,6 +29,8 @@ pub(crate) struct InFlight {
 /// One communicator handle's state.
 pub(crate) struct Entry {
     comm: OnceLock<Communicator>,
+    /// False once its handle is unregistered (destroy, abort).
+    listed: AtomicBool,
     /// Whether calls complete before they return (`oxcclConfig_t.blocking`).
     pub(crate) blocking: bool,
     /// A creation still runs in the background (non-blocking creation).
@@ -63,6 +65,7 @@ impl Entry {
     pub(crate) fn creating(blocking: bool) -> Entry {
         Entry {
             comm: OnceLock::new(),
+            listed: AtomicBool::new(true),
             blocking,
             creating: AtomicBool::new(true),
             failed: Mutex::new(None),
@@ -71,6 +74,16 @@ impl Entry {
             operators: Mutex::new(Operators::default()),
             registered: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Whether the handle is still registered.
+    pub(crate) fn registered_now(&self) -> bool {
+        self.listed.load(Ordering::Acquire)
+    }
+
+    /// Marks the handle unregistered.
+    pub(crate) fn unregister(&self) {
+        self.listed.store(false, Ordering::Release);
     }
 
     /// Ends a background creation with its outcome.

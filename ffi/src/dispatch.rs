@@ -70,7 +70,8 @@ thread_local! {
 }
 
 /// Whether this thread has a group open.
-fn in_group() -> bool {
+#[inline]
+pub(crate) fn in_group() -> bool {
     DEPTH.try_with(Cell::get).unwrap_or(0) > 0
 }
 

@@ -636,6 +636,10 @@ oxcclResult_t oxcclRedOpDestroy(oxcclRedOp_t op, oxcclComm_t comm);
 oxcclResult_t oxcclMemAlloc(void **ptr, size_t size);
 
 // Frees memory from `oxcclMemAlloc`; NULL is ignored, any other pointer is an error.
+//
+// # Safety
+//
+// No operation still uses the memory, and nothing touches it afterwards.
 oxcclResult_t oxcclMemFree(void *ptr);
 
 // Registers `size` bytes at `buff` with `comm` (nccl.h's `ncclCommRegister`) and writes a

@@ -16,6 +16,9 @@
 use oxccl::reduce::cpu;
 use oxccl::{Communicator, Config, DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 
+mod util;
+use util::float_op as exact;
+
 // ---------------------------------------------------------------------------------------------
 // The reference: the formats from their definitions.
 
@@ -337,38 +340,6 @@ fn saturation_nan_and_signed_zero_spelled_out() {
 
 // ---------------------------------------------------------------------------------------------
 // One reduction step, every pair.
-
-/// IEEE 754-2019 maximum / minimum (NaN wins, -0 < +0), as the library's contract says.
-fn ieee_max(x: f64, y: f64) -> f64 {
-    if x.is_nan() || y.is_nan() {
-        f64::NAN
-    } else if x.total_cmp(&y).is_ge() {
-        x
-    } else {
-        y
-    }
-}
-
-fn ieee_min(x: f64, y: f64) -> f64 {
-    if x.is_nan() || y.is_nan() {
-        f64::NAN
-    } else if x.total_cmp(&y).is_le() {
-        x
-    } else {
-        y
-    }
-}
-
-/// `x ⊕ y` exactly (sums and products of two 8-bit floats are exact in f64).
-fn exact(op: ReduceOp, x: f64, y: f64) -> f64 {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => x + y,
-        ReduceOp::Prod => x * y,
-        ReduceOp::Max => ieee_max(x, y),
-        ReduceOp::Min => ieee_min(x, y),
-        other => unreachable!("{other} is not a float operator"),
-    }
-}
 
 const FLOAT_OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,

@@ -25,6 +25,9 @@ use oxccl::reduce::cpu::{
 use oxccl::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 use proptest::prelude::*;
 
+mod util;
+use util::{float_op, ieee_max, ieee_min};
+
 // ---------------------------------------------------------------------------------------------
 // Randomness: a small deterministic generator, so failures reproduce.
 
@@ -186,40 +189,6 @@ fn div_exact(x: f64, by: u64, fmt: &Format) -> f64 {
     let (quot, rem) = (top / u128::from(by), top % u128::from(by));
     let r = round_to(quot, rem != 0, e - s as i32, fmt);
     if neg { -r } else { r }
-}
-
-/// IEEE 754-2019 `maximum`.
-fn ieee_max(x: f64, y: f64) -> f64 {
-    if x.is_nan() || y.is_nan() {
-        f64::NAN
-    } else if x.total_cmp(&y).is_ge() {
-        x
-    } else {
-        y
-    }
-}
-
-/// IEEE 754-2019 `minimum`.
-fn ieee_min(x: f64, y: f64) -> f64 {
-    if x.is_nan() || y.is_nan() {
-        f64::NAN
-    } else if x.total_cmp(&y).is_le() {
-        x
-    } else {
-        y
-    }
-}
-
-/// `x ⊕ y` for a float operator, exact in `f64` where the sum or product is (always, for the
-/// half types and for `f32` products) and correctly rounded to `f64` otherwise.
-fn float_op(op: ReduceOp, x: f64, y: f64) -> f64 {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => x + y,
-        ReduceOp::Prod => x * y,
-        ReduceOp::Max => ieee_max(x, y),
-        ReduceOp::Min => ieee_min(x, y),
-        other => panic!("{other} is not a float operator"),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ use oxccl_core::{DataType, RawMessage};
 
 use crate::abi::*;
 use crate::boundary::{Failure, Outcome, Region, byte_len, data_type, guard, host_only, rank_arg};
-use crate::dispatch::{Job, in_group, issue};
+use crate::dispatch::{Job, issue};
 use crate::entry::Entry;
 use crate::handles;
 use crate::ops::{Operator, operator};
@@ -74,17 +74,6 @@ fn collective(entry: &Arc<Entry>, plan: Plan, op: Option<Operator>, buffers: Buf
             (plan, send.read()?, recv.write()?)
         }
     };
-    if premul.is_none() && entry.blocking && !in_group() {
-        // The common case, straight to the library (what `issue` would do, without building a
-        // job): run now; run_raw checks the regions against the plan.
-        let comm = entry.for_operation()?;
-        // SAFETY: the buffer contract of the module documentation for the running call.
-        let r = unsafe { comm.run_raw(plan, input, output) }.map_err(Failure::from);
-        if let Err(f) = &r {
-            entry.fail(f);
-        }
-        return r;
-    }
     issue(
         entry,
         Job::Collective {

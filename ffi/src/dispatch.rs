@@ -49,10 +49,9 @@ pub(crate) struct Creation {
     pub(crate) make: Box<dyn FnOnce() -> Result<Option<Communicator>, Failure> + Send>,
 }
 
-/// This thread's open group.
+/// What this thread's open group keeps (its depth is `DEPTH`).
 #[derive(Default)]
 struct Group {
-    depth: usize,
     jobs: Vec<(Arc<Entry>, Job)>,
     creations: Vec<Creation>,
     /// The first failure of a call inside the group.
@@ -64,8 +63,8 @@ const MAX_DEPTH: usize = 1 << 16;
 
 thread_local! {
     static GROUP: RefCell<Group> = RefCell::new(Group::default());
-    /// `GROUP`'s depth, for the check every call makes (a const-initialized cell is cheaper to
-    /// reach than the group itself).
+    /// How deeply this thread's groups are nested (0: no group); a const-initialized cell, cheap
+    /// for the check every call makes.
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -78,11 +77,10 @@ pub(crate) fn in_group() -> bool {
 /// Remembers `f`, the failure of a call inside this thread's group, for `oxcclGroupEnd`.
 pub(crate) fn note_failure(f: &Failure) {
     let _ = GROUP.try_with(|g| {
-        if let Ok(mut g) = g.try_borrow_mut()
-            && g.depth > 0
-            && g.error.is_none()
+        if in_group()
+            && let Ok(mut g) = g.try_borrow_mut()
         {
-            g.error = Some(f.clone());
+            g.error.get_or_insert_with(|| f.clone());
         }
     });
 }
@@ -90,9 +88,8 @@ pub(crate) fn note_failure(f: &Failure) {
 /// Keeps `item` for this thread's group if one is open; gives it back otherwise.
 fn keep<T>(item: T, put: impl FnOnce(&mut Group, T)) -> Option<T> {
     GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth > 0 {
-            put(&mut g, item);
+        if in_group() {
+            put(&mut g.borrow_mut(), item);
             None
         } else {
             Some(item)
@@ -101,6 +98,7 @@ fn keep<T>(item: T, put: impl FnOnce(&mut Group, T)) -> Option<T> {
 }
 
 /// Runs, starts or keeps `job` on `entry`'s communicator (see the module documentation).
+#[inline]
 pub(crate) fn issue(entry: &Arc<Entry>, job: Job) -> Outcome {
     let comm = entry.for_operation()?;
     if entry.blocking && !in_group() {
@@ -220,6 +218,7 @@ fn premultiplied(
 }
 
 /// Runs `job` and returns when it is done.
+#[inline]
 fn run_now(comm: &Communicator, job: Job) -> Outcome {
     match job {
         Job::Collective {
@@ -287,17 +286,14 @@ fn start_messages(comm: &Communicator, messages: &[RawMessage]) -> Result<InFlig
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclGroupStart() -> oxcclResult_t {
     guard("oxcclGroupStart", || {
-        GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth >= MAX_DEPTH {
-                return Err(Failure::usage(format!(
-                    "groups nested {MAX_DEPTH} deep: an oxcclGroupEnd is missing"
-                )));
-            }
-            g.depth += 1;
-            DEPTH.set(g.depth);
-            Ok(())
-        })
+        let depth = DEPTH.get();
+        if depth >= MAX_DEPTH {
+            return Err(Failure::usage(format!(
+                "groups nested {MAX_DEPTH} deep: an oxcclGroupEnd is missing"
+            )));
+        }
+        DEPTH.set(depth + 1);
+        Ok(())
     })
 }
 
@@ -309,25 +305,19 @@ pub extern "C" fn oxcclGroupStart() -> oxcclResult_t {
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
     guard("oxcclGroupEnd", || {
-        let taken = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth == 0 {
-                return Err(Failure::usage("oxcclGroupEnd without oxcclGroupStart"));
-            }
-            g.depth -= 1;
-            DEPTH.set(g.depth);
-            if g.depth > 0 {
-                return Ok(None);
-            }
-            Ok(Some((
-                std::mem::take(&mut g.jobs),
-                std::mem::take(&mut g.creations),
-                g.error.take(),
-            )))
-        })?;
-        let Some((jobs, creations, error)) = taken else {
+        let depth = DEPTH.get();
+        if depth == 0 {
+            return Err(Failure::usage("oxcclGroupEnd without oxcclGroupStart"));
+        }
+        DEPTH.set(depth - 1);
+        if depth > 1 {
             return Ok(());
-        };
+        }
+        let Group {
+            jobs,
+            creations,
+            error,
+        } = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
         if let Some(e) = error {
             return Err(Failure {
                 code: e.code,

@@ -33,10 +33,9 @@ pub(crate) struct Entry {
     listed: AtomicBool,
     /// Whether calls complete before they return (`oxcclConfig_t.blocking`).
     pub(crate) blocking: bool,
-    /// A creation still runs in the background (non-blocking creation).
-    creating: AtomicBool,
     /// The first failure that broke the communicator (or its creation), reported by
-    /// `oxcclCommGetAsyncError` from then on.
+    /// `oxcclCommGetAsyncError` from then on. With no communicator and no failure, a
+    /// non-blocking creation is still running.
     failed: Mutex<Option<Failure>>,
     /// Operations of a non-blocking communicator not yet seen complete.
     pending: Mutex<Vec<InFlight>>,
@@ -56,7 +55,6 @@ impl Entry {
     /// An entry for `comm`, created already.
     pub(crate) fn ready(comm: Communicator, blocking: bool) -> Entry {
         let e = Entry::creating(blocking);
-        e.creating.store(false, Ordering::Release);
         let _ = e.comm.set(comm);
         e
     }
@@ -67,7 +65,6 @@ impl Entry {
             comm: OnceLock::new(),
             listed: AtomicBool::new(true),
             blocking,
-            creating: AtomicBool::new(true),
             failed: Mutex::new(None),
             pending: Mutex::new(Vec::new()),
             finalized: AtomicBool::new(false),
@@ -98,7 +95,6 @@ impl Entry {
             }),
             Err(f) => self.set_failed(f),
         }
-        self.creating.store(false, Ordering::Release);
     }
 
     /// The communicator, once created; a creation still running or failed is an error.
@@ -106,17 +102,11 @@ impl Entry {
         if let Some(c) = self.comm.get() {
             return Ok(c);
         }
-        if self.creating.load(Ordering::Acquire) {
-            return Err(Failure {
-                code: oxcclInvalidUsage,
-                message: "comm is still being created (non-blocking): wait until \
-                          oxcclCommGetAsyncError reports oxcclSuccess"
-                    .into(),
-            });
-        }
-        Err(lock(&self.failed).clone().unwrap_or_else(|| Failure {
-            code: oxcclInternalError,
-            message: "comm has no communicator and no failure".into(),
+        Err(self.failure().unwrap_or_else(|| Failure {
+            code: oxcclInvalidUsage,
+            message: "comm is still being created (non-blocking): wait until \
+                      oxcclCommGetAsyncError reports oxcclSuccess"
+                .into(),
         }))
     }
 
@@ -124,11 +114,10 @@ impl Entry {
     pub(crate) fn for_operation(&self) -> Result<&Communicator, Failure> {
         let c = self.comm()?;
         if self.finalized.load(Ordering::Acquire) {
-            return Err(Failure {
-                code: oxcclInvalidUsage,
-                message: "comm was finalized (oxcclCommFinalize): it takes no new operations"
-                    .into(),
-            });
+            return Err(Failure::usage(format!(
+                "rank {}: comm was finalized (oxcclCommFinalize): it takes no new operations",
+                c.rank()
+            )));
         }
         Ok(c)
     }
@@ -145,6 +134,11 @@ impl Entry {
                 *failed = Some(f.clone());
             }
         }
+    }
+
+    /// What broke the communicator, if anything did.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        lock(&self.failed).clone()
     }
 
     /// Records `f` as what broke the communicator, whatever its kind, unless something was.
@@ -164,7 +158,7 @@ impl Entry {
         if let Some(f) = lock(&self.failed).as_ref() {
             return f.code;
         }
-        if self.creating.load(Ordering::Acquire) {
+        if self.comm.get().is_none() {
             return oxcclInProgress;
         }
         let done: Vec<InFlight> = {

@@ -31,9 +31,15 @@ fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Arc<Entry>>> {
     LIVE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A new id: never given before, never a user-space address (also used for the handles of
+/// memory registrations).
+pub(crate) fn fresh_id() -> usize {
+    NEXT.fetch_add(STEP, Ordering::Relaxed)
+}
+
 /// Registers `entry` and returns its new handle.
 pub(crate) fn register(entry: Arc<Entry>) -> oxcclComm_t {
-    let id = NEXT.fetch_add(STEP, Ordering::Relaxed);
+    let id = fresh_id();
     live().insert(id, entry);
     std::ptr::without_provenance_mut(id)
 }

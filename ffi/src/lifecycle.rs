@@ -414,9 +414,9 @@ pub extern "C" fn oxcclCommFinalize(comm: oxcclComm_t) -> oxcclResult_t {
         match entry.poll() {
             oxcclSuccess => Ok(()),
             oxcclInProgress => Err(Failure::in_progress()),
-            _ => Err(entry.comm().err().unwrap_or_else(|| Failure {
-                code: entry.poll(),
-                message: "an operation of comm failed (oxcclCommGetAsyncError)".into(),
+            code => Err(entry.failure().unwrap_or_else(|| Failure {
+                code,
+                message: "an operation of comm failed".into(),
             })),
         }
     })

@@ -6,7 +6,6 @@
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::abi::*;
@@ -18,9 +17,6 @@ const ALIGN: usize = 4096;
 
 /// Live allocations: address → layout.
 static ALLOCATED: Mutex<BTreeMap<usize, Layout>> = Mutex::new(BTreeMap::new());
-
-/// Registration handles: ids with the top bit set (never a user-space address), never reused.
-static NEXT: AtomicUsize = AtomicUsize::new((usize::MAX >> 1) + 1);
 
 /// Allocates `size` bytes of host memory, aligned to a page, in `*ptr`; free it with
 /// `oxcclMemFree`. The memory is not initialized.
@@ -56,8 +52,12 @@ pub unsafe extern "C" fn oxcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ox
 }
 
 /// Frees memory from `oxcclMemAlloc`; NULL is ignored, any other pointer is an error.
+///
+/// # Safety
+///
+/// No operation still uses the memory, and nothing touches it afterwards.
 #[unsafe(no_mangle)]
-pub extern "C" fn oxcclMemFree(ptr: *mut c_void) -> oxcclResult_t {
+pub unsafe extern "C" fn oxcclMemFree(ptr: *mut c_void) -> oxcclResult_t {
     guard("oxcclMemFree", || {
         if ptr.is_null() {
             return Ok(());
@@ -72,7 +72,7 @@ pub extern "C" fn oxcclMemFree(ptr: *mut c_void) -> oxcclResult_t {
                 ))
             })?;
         // SAFETY: allocated by oxcclMemAlloc with this layout, and removed from the table, so
-        // freed once.
+        // freed once; the caller guarantees nothing uses it any more.
         unsafe { std::alloc::dealloc(ptr.cast(), layout) };
         Ok(())
     })
@@ -88,7 +88,7 @@ fn register(comm: oxcclComm_t, buff: *mut c_void, size: usize) -> Result<usize, 
     (buff as usize)
         .checked_add(size)
         .ok_or_else(|| Failure::invalid(format!("size: {size} bytes at {buff:p} wrap around")))?;
-    let id = NEXT.fetch_add(16, Ordering::Relaxed);
+    let id = handles::fresh_id();
     entry
         .registered
         .lock()

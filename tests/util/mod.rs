@@ -577,3 +577,37 @@ pub fn run_checked(case: &Case, check_races: bool) -> Result<SimReport, String> 
     }
     Ok(report)
 }
+
+/// IEEE 754-2019 `maximum` (NaN wins, -0 < +0), as the library's float contract says.
+pub fn ieee_max(x: f64, y: f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else if x.total_cmp(&y).is_ge() {
+        x
+    } else {
+        y
+    }
+}
+
+/// IEEE 754-2019 `minimum`.
+pub fn ieee_min(x: f64, y: f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else if x.total_cmp(&y).is_le() {
+        x
+    } else {
+        y
+    }
+}
+
+/// `x ⊕ y` for a float operator in f64: exact where the sum or product is (always for the
+/// 8- and 16-bit floats and for `f32` products), correctly rounded to f64 otherwise.
+pub fn float_op(op: ReduceOp, x: f64, y: f64) -> f64 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => x + y,
+        ReduceOp::Prod => x * y,
+        ReduceOp::Max => ieee_max(x, y),
+        ReduceOp::Min => ieee_min(x, y),
+        other => panic!("{other} is not a float operator"),
+    }
+}

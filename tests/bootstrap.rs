@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use oxccl::Error;
 use oxccl::bootstrap::{
-    MemStore, PrefixStore, Rendezvous, Secret, ServerLimits, Store, StoreServer, TcpStore, UniqueId,
+    MemStore, PrefixStore, Rendezvous, Secret, ServerLimits, Store, StoreProtocol, StoreServer,
+    TcpStore, UniqueId,
 };
 use oxccl_transport::auth;
 
@@ -495,7 +496,7 @@ fn rendezvous_from_oxrun() {
         (r.store.as_str(), r.host_store, r.source),
         ("127.0.0.1:4242", false, "oxccl")
     );
-    assert_eq!(r.secret, Secret::from_hex(TOKEN).unwrap());
+    assert_eq!(r.secret, Secret::from_hex(TOKEN));
     assert_eq!(r.store_addr().unwrap(), "127.0.0.1:4242".parse().unwrap());
     assert!(!format!("{r:?}").contains(TOKEN));
 
@@ -564,6 +565,134 @@ fn rendezvous_from_torchrun() {
 }
 
 #[test]
+fn rendezvous_under_torchrun_agent_store_is_a_torch_client() {
+    // What torchrun (c10d rendezvous) gives each worker: its agent serves a TCPStore on
+    // MASTER_PORT, so no rank may host one there.
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "localhost"),
+        ("MASTER_PORT", "38119"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ("TORCHELASTIC_RUN_ID", "run-7"),
+        ("TORCHELASTIC_RESTART_COUNT", "2"),
+    ];
+    let namespace = StoreProtocol::Torch {
+        namespace: "oxccl/run-7/attempt2".into(),
+    };
+    for rank in ["0", "1"] {
+        let mut env = base.to_vec();
+        env[0] = ("RANK", rank);
+        env[2] = ("LOCAL_RANK", rank);
+        let r = read(&env);
+        assert_eq!(
+            (r.store.as_str(), r.host_store, r.source, &r.protocol),
+            ("localhost:38119", false, "torchrun", &namespace),
+            "rank {rank}"
+        );
+        assert!(r.secret.is_none(), "rank 0 draws the secret in open_store");
+    }
+
+    // A token is used as is (and never published).
+    let mut token = base.to_vec();
+    token.push(("OXCCL_TOKEN", TOKEN));
+    assert_eq!(read(&token).secret, Secret::from_hex(TOKEN));
+
+    // Only exactly "True" (what torchrun sets, and what torch itself tests) means the agent
+    // store; anything else leaves rank 0 hosting oxccl's store, as before.
+    for other in ["False", "true", "1"] {
+        let mut env = base.to_vec();
+        env[6] = ("TORCHELASTIC_USE_AGENT_STORE", other);
+        let r = read(&env);
+        assert_eq!(
+            (r.host_store, &r.protocol),
+            (true, &StoreProtocol::Oxccl),
+            "{other}"
+        );
+        assert!(r.secret.is_some());
+    }
+
+    // OXCCL_STORE_PROTOCOL=oxccl overrides the agent store: rank 0 hosts oxccl's store.
+    let mut forced = base.to_vec();
+    forced.push(("OXCCL_STORE_PROTOCOL", "oxccl"));
+    let r = read(&forced);
+    assert_eq!((r.host_store, &r.protocol), (true, &StoreProtocol::Oxccl));
+
+    // The agent store is torchrun's: other launchers' MASTER_* stay rank 0's oxccl store.
+    let r = read(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "2"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "9"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ]);
+    assert_eq!((r.host_store, &r.protocol), (true, &StoreProtocol::Oxccl));
+}
+
+#[test]
+fn rendezvous_with_a_torch_store_someone_else_runs() {
+    // torch.distributed's own store on rank 0 (init_process_group("env://")), no torchrun
+    // agent: OXCCL_STORE_PROTOCOL=torch makes every rank a client of MASTER_ADDR:MASTER_PORT.
+    let base = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("OXCCL_STORE_PROTOCOL", "torch"),
+    ];
+    let r = read(&base);
+    assert_eq!((r.store.as_str(), r.host_store), ("10.0.0.1:29500", false));
+    assert_eq!(
+        r.protocol,
+        StoreProtocol::Torch {
+            namespace: "oxccl/default".into()
+        }
+    );
+    assert!(r.secret.is_none());
+
+    // With OXCCL_STORE, under any launcher, and named by a job id.
+    let r = read(&[
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "4"),
+        ("SLURM_JOB_ID", "77"),
+        ("OXCCL_STORE", "store:5000"),
+        ("OXCCL_STORE_PROTOCOL", "torch"),
+    ]);
+    assert_eq!(
+        (r.store.as_str(), r.host_store, &r.protocol),
+        (
+            "store:5000",
+            false,
+            &StoreProtocol::Torch {
+                namespace: "oxccl/77".into()
+            }
+        )
+    );
+    let r = read(&[
+        ("OXCCL_RANK", "0"),
+        ("OXCCL_WORLD_SIZE", "1"),
+        ("OXCCL_STORE", "127.0.0.1:1"),
+        ("OXCCL_STORE_PROTOCOL", "torch"),
+    ]);
+    assert!(matches!(r.protocol, StoreProtocol::Torch { .. }));
+
+    // Without the variable, OXCCL_STORE is oxccl's store, as before.
+    let r = read(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("OXCCL_STORE", "h:1"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ]);
+    assert_eq!((r.host_store, &r.protocol), (false, &StoreProtocol::Oxccl));
+
+    let mut wrong = base.to_vec();
+    wrong[4] = ("OXCCL_STORE_PROTOCOL", "gloo");
+    fails(&wrong, &["OXCCL_STORE_PROTOCOL", "gloo"]);
+}
+
+#[test]
 fn rendezvous_from_slurm_openmpi_and_pmi() {
     let r = read(&[
         ("SLURM_PROCID", "3"),
@@ -598,7 +727,7 @@ fn rendezvous_from_slurm_openmpi_and_pmi() {
         (r.rank, r.world_size, r.local_rank, r.local_world_size),
         (1, 2, Some(1), Some(2))
     );
-    assert_eq!((r.source, r.secret.to_hex().as_str()), ("openmpi", TOKEN));
+    assert_eq!((r.source, r.secret), ("openmpi", Secret::from_hex(TOKEN)));
 
     let r = read(&[
         ("PMI_RANK", "0"),
@@ -830,13 +959,14 @@ fn rendezvous_opens_the_store_it_hosts() {
     };
     let r1 = env("1");
     let joiner = thread::spawn(move || {
-        let (store, server) = r1.open_store(soon()).unwrap();
-        assert!(server.is_none());
-        store.get("hello", soon()).unwrap()
+        let opened = r1.open_store(soon()).unwrap();
+        assert!(opened.server.is_none());
+        opened.store.get("hello", soon()).unwrap()
     });
-    let (store, server) = env("0").open_store(soon()).unwrap();
-    assert!(server.is_some());
-    store.set("hello", b"rank 0 here").unwrap();
+    let opened = env("0").open_store(soon()).unwrap();
+    assert!(opened.server.is_some());
+    assert_eq!(opened.secret, Secret::from_hex(TOKEN).unwrap());
+    opened.store.set("hello", b"rank 0 here").unwrap();
     assert_eq!(joiner.join().unwrap(), b"rank 0 here");
 }
 

@@ -71,41 +71,7 @@ impl TcpStore {
     /// Opens and authenticates one connection.
     fn open(&self, deadline: Instant, retry_refused: bool) -> Result<TcpStream> {
         let addr = self.addr;
-        let mut backoff = RETRY_MIN;
-        let mut stream = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Bootstrap(format!(
-                    "could not connect to the store at {addr} before the deadline (connection refused: is the store running?)"
-                )));
-            }
-            match TcpStream::connect_timeout(&addr, left) {
-                Ok(s) => break s,
-                Err(e) if retry_refused && retryable(&e) => {
-                    std::thread::sleep(
-                        backoff.min(deadline.saturating_duration_since(Instant::now())),
-                    );
-                    backoff = (backoff * 2).min(RETRY_MAX);
-                }
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    return Err(Error::Bootstrap(format!(
-                        "could not connect to the store at {addr} before the deadline: {e}"
-                    )));
-                }
-                Err(source) => {
-                    return Err(Error::Io {
-                        what: format!("connect to the store at {addr}"),
-                        source,
-                    });
-                }
-            }
-        };
-        set_timeouts(&stream, deadline).map_err(|source| Error::Io {
-            what: format!("set timeouts on the connection to the store at {addr}"),
-            source,
-        })?;
-        // Requests are small and latency-bound; a failure here only costs speed.
-        let _ = stream.set_nodelay(true);
+        let mut stream = connect(addr, deadline, retry_refused)?;
         auth::client_handshake(&mut stream, &self.secret, STORE_CONTEXT, b"").map_err(|e| {
             Error::Bootstrap(format!(
                 "store at {addr}: authentication handshake failed: {e}"
@@ -240,6 +206,51 @@ impl Store for TcpStore {
     }
 }
 
+/// Opens a TCP connection to a store at `addr` with both socket timeouts set to `deadline` and
+/// Nagle's algorithm off. With `retry_refused`, connection refused is retried (with backoff)
+/// until `deadline`, since a server may start after its clients. Shared by [`TcpStore`] and
+/// [`TorchStore`](super::TorchStore).
+pub(super) fn connect(
+    addr: SocketAddr,
+    deadline: Instant,
+    retry_refused: bool,
+) -> Result<TcpStream> {
+    let mut backoff = RETRY_MIN;
+    let stream = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Bootstrap(format!(
+                "could not connect to the store at {addr} before the deadline (connection refused: is the store running?)"
+            )));
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => break s,
+            Err(e) if retry_refused && retryable(&e) => {
+                std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                backoff = (backoff * 2).min(RETRY_MAX);
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(Error::Bootstrap(format!(
+                    "could not connect to the store at {addr} before the deadline: {e}"
+                )));
+            }
+            Err(source) => {
+                return Err(Error::Io {
+                    what: format!("connect to the store at {addr}"),
+                    source,
+                });
+            }
+        }
+    };
+    set_timeouts(&stream, deadline).map_err(|source| Error::Io {
+        what: format!("set timeouts on the connection to the store at {addr}"),
+        source,
+    })?;
+    // Requests are small and latency-bound; a failure here only costs speed.
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
 /// Errors worth retrying while the server may not be listening yet.
 fn retryable(e: &io::Error) -> bool {
     matches!(
@@ -253,7 +264,7 @@ fn retryable(e: &io::Error) -> bool {
 
 /// Sets both socket timeouts to what is left until `deadline` (at least 1 ms: zero would mean
 /// "no timeout").
-fn set_timeouts(s: &TcpStream, deadline: Instant) -> io::Result<()> {
+pub(super) fn set_timeouts(s: &TcpStream, deadline: Instant) -> io::Result<()> {
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));

@@ -3,9 +3,10 @@
 //! it must not open sockets — [`Rendezvous::open_store`] does that when asked.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Secret, StoreServer, TcpStore};
+use super::{PrefixStore, Secret, Store, StoreServer, TcpStore, TorchStore};
 use crate::{Error, Result};
 
 /// Where this rank stands in its job and how to reach the job's store, as read from the
@@ -23,13 +24,33 @@ use crate::{Error, Result};
 /// | `pmi`       | PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (MPI_LOCALNRANKS)                    | see below                |
 ///
 /// For the other launchers the store is at `OXCCL_STORE` when set (`host:port`; a store someone
-/// else already runs, as oxrun does), else at `MASTER_ADDR:MASTER_PORT`, hosted by rank 0
-/// (`host_store`); with neither, reading fails and says to set them.
+/// else already runs, as oxrun does), else at `MASTER_ADDR:MASTER_PORT`; with neither, reading
+/// fails and says to set them. Who hosts it, and which protocol it speaks
+/// ([`StoreProtocol`]):
 ///
-/// The secret is `OXCCL_TOKEN` (64 hex digits) when set. Otherwise it is derived from the store
-/// address, the world size and any job id found (SLURM_JOB_ID, TORCHELASTIC_RUN_ID,
-/// OMPI_MCA_ess_base_jobid): that tells concurrent jobs apart but does not keep out other users
-/// of the machines, and a warning says so.
+/// | case (first that applies)                                           | protocol | hosted by             |
+/// |----------------------------------------------------------------------|----------|-----------------------|
+/// | `OXCCL_STORE_PROTOCOL=torch`                                         | torch    | someone else (torch)  |
+/// | `OXCCL_STORE` set                                                    | oxccl    | someone else (oxrun)  |
+/// | torchrun, `TORCHELASTIC_USE_AGENT_STORE=True`, MASTER_ADDR/PORT      | torch    | torchrun's agent      |
+/// | otherwise, MASTER_ADDR/PORT                                          | oxccl    | rank 0 (`host_store`) |
+///
+/// `OXCCL_STORE_PROTOCOL` is `oxccl` (oxccl's own authenticated store) or `torch` (a PyTorch
+/// c10d `TCPStore` that someone else runs — torchrun's agent, or `torch.distributed`'s store
+/// on rank 0 after `init_process_group("env://")` — of which every rank is only a client);
+/// unset, it is `torch` exactly in the agent-store case above, so that oxccl runs unchanged
+/// under torchrun, whose agent already listens on `MASTER_PORT`. Set it to `oxccl` to make
+/// rank 0 host oxccl's store anyway.
+///
+/// The secret is `OXCCL_TOKEN` (64 hex digits) when set. Otherwise, with oxccl's store, it is
+/// derived from the store address, the world size and any job id found (SLURM_JOB_ID,
+/// TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid): that tells concurrent jobs apart but does not
+/// keep out other users of the machines, and a warning says so. With a torch store it is left
+/// to [`Rendezvous::open_store`] ([`Rendezvous::secret`] is `None`): rank 0 draws a random one
+/// and publishes it in the store, where the other ranks read it. A torch store has no
+/// authentication, so anyone who can reach it can read that secret — the same trust torch
+/// itself places in its store, where anyone who can reach it can rewrite the job's rendezvous;
+/// set `OXCCL_TOKEN` to keep the secret out of the store.
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
     /// This process's rank, `< world_size`.
@@ -43,13 +64,55 @@ pub struct Rendezvous {
     /// The store's address as `host:port` (IPv6 literals in brackets); see
     /// [`Rendezvous::store_addr`] to resolve it.
     pub store: String,
-    /// The job secret.
-    pub secret: Secret,
-    /// Whether this rank must host the store itself (rank 0, when no launcher hosts it).
+    /// Which protocol the store speaks, and for a torch store, where oxccl's keys live in it.
+    pub protocol: StoreProtocol,
+    /// The job secret; `None` when rank 0 draws it and publishes it in a torch store (see
+    /// above): [`Rendezvous::open_store`] returns it then.
+    pub secret: Option<Secret>,
+    /// Whether this rank must host the store itself (rank 0, when no launcher hosts it; never
+    /// for a torch store).
     pub host_store: bool,
     /// Which launcher's variables were read: `"oxccl"`, `"torchrun"`, `"slurm"`, `"openmpi"`
     /// or `"pmi"`.
     pub source: &'static str,
+}
+
+/// The protocol of a job's store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreProtocol {
+    /// oxccl's own authenticated store ([`StoreServer`], [`TcpStore`]), hosted by the launcher
+    /// (oxrun) or by rank 0.
+    Oxccl,
+    /// A PyTorch c10d `TCPStore` that someone else hosts ([`TorchStore`]). The store is shared
+    /// with torch, so oxccl's keys live under `namespace` (`oxccl/<job id>`, and
+    /// `/attempt<TORCHELASTIC_RESTART_COUNT>` under torchrun; the job id is the first of
+    /// TORCHELASTIC_RUN_ID, SLURM_JOB_ID, OMPI_MCA_ess_base_jobid that is set, else `default`).
+    Torch {
+        /// Prefix of every key oxccl uses in the store.
+        namespace: String,
+    },
+}
+
+/// The job's store, opened by [`Rendezvous::open_store`].
+pub struct OpenedStore {
+    /// The store, for a torch store already inside oxccl's namespace in it.
+    pub store: Arc<dyn Store>,
+    /// The store's address.
+    pub addr: SocketAddr,
+    /// The job secret, which authenticates the links between ranks.
+    pub secret: Secret,
+    /// The store server this rank hosts, if any: keep it alive as long as the job needs the
+    /// store.
+    pub server: Option<StoreServer>,
+}
+
+impl std::fmt::Debug for OpenedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedStore")
+            .field("addr", &self.addr)
+            .field("hosting", &self.server.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One launcher's variable names.
@@ -127,8 +190,21 @@ impl Rendezvous {
                 .filter(|v| !v.is_empty())
         };
         let oxccl_store = var("OXCCL_STORE");
+        let protocol_var = var("OXCCL_STORE_PROTOCOL");
+        let torch_wanted = match protocol_var.as_deref() {
+            None => None,
+            Some("torch") => Some(true),
+            Some("oxccl") => Some(false),
+            Some(other) => {
+                return Err(bad(format!(
+                    "OXCCL_STORE_PROTOCOL={other:?} is neither \"oxccl\" (oxccl's own store) nor \
+                     \"torch\" (a PyTorch TCPStore someone else runs)"
+                )));
+            }
+        };
 
-        let (launcher, store, host_store_if_rank0) = if var(OXCCL.rank).is_some()
+        // (launcher, store address, whether rank 0 hosts it, whether it is a torch store)
+        let (launcher, store, host_store_if_rank0, torch) = if var(OXCCL.rank).is_some()
             || var(OXCCL.size).is_some()
         {
             let store = oxccl_store.ok_or_else(|| {
@@ -137,16 +213,25 @@ impl Rendezvous {
                         .into(),
                 )
             })?;
-            (&OXCCL, parse_store("OXCCL_STORE", &store)?, false)
+            let torch = torch_wanted.unwrap_or(false);
+            (&OXCCL, parse_store("OXCCL_STORE", &store)?, false, torch)
         } else {
             let Some(launcher) = OTHERS.iter().find(|l| var(l.rank).is_some()) else {
                 return Ok(None);
             };
             match (oxccl_store, var("MASTER_ADDR"), var("MASTER_PORT")) {
-                (Some(s), _, _) => (launcher, parse_store("OXCCL_STORE", &s)?, false),
+                (Some(s), _, _) => {
+                    let torch = torch_wanted.unwrap_or(false);
+                    (launcher, parse_store("OXCCL_STORE", &s)?, false, torch)
+                }
                 (None, Some(addr), Some(port)) => {
                     let port = parse_port("MASTER_PORT", &port)?;
-                    (launcher, join_host_port(&addr, port), true)
+                    // torchrun's agent already listens on MASTER_PORT and says so (torch's own
+                    // env:// rendezvous tests for exactly "True").
+                    let agent_store = launcher.source == "torchrun"
+                        && var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True");
+                    let torch = torch_wanted.unwrap_or(agent_store);
+                    (launcher, join_host_port(&addr, port), !torch, torch)
                 }
                 (None, Some(_), None) => {
                     return Err(bad(format!(
@@ -202,9 +287,27 @@ impl Rendezvous {
             )));
         }
 
+        let protocol = if torch {
+            let job = JOB_IDS
+                .iter()
+                .find_map(|name| var(name))
+                .unwrap_or_else(|| "default".into());
+            let namespace = match var("TORCHELASTIC_RESTART_COUNT") {
+                Some(attempt) => format!("oxccl/{job}/attempt{attempt}"),
+                None => format!("oxccl/{job}"),
+            };
+            StoreProtocol::Torch { namespace }
+        } else {
+            StoreProtocol::Oxccl
+        };
+
         let secret = match var("OXCCL_TOKEN") {
-            Some(hex) => Secret::from_hex(&hex)
-                .ok_or_else(|| bad("OXCCL_TOKEN is not 64 hex digits".into()))?,
+            Some(hex) => Some(
+                Secret::from_hex(&hex)
+                    .ok_or_else(|| bad("OXCCL_TOKEN is not 64 hex digits".into()))?,
+            ),
+            // Rank 0 draws it when the store is opened.
+            None if torch => None,
             None => {
                 let mut material = format!("oxccl job\0store={store}\0world_size={world_size}");
                 let mut ids = Vec::new();
@@ -224,7 +327,7 @@ impl Rendezvous {
                         format!(" and {}", ids.join(", "))
                     }
                 );
-                Secret::derive(material.as_bytes())
+                Some(Secret::derive(material.as_bytes()))
             }
         };
 
@@ -234,6 +337,7 @@ impl Rendezvous {
             local_rank,
             local_world_size,
             store,
+            protocol,
             secret,
             host_store: host_store_if_rank0 && rank == 0,
             source: l.source,
@@ -259,23 +363,83 @@ impl Rendezvous {
 
     /// Connects to the job's store, first starting it when this rank hosts it
     /// ([`Rendezvous::host_store`]: it then listens on every interface, at the store's port).
-    /// The returned server, if any, must be kept alive as long as the job needs the store.
-    pub fn open_store(&self, deadline: Instant) -> Result<(TcpStore, Option<StoreServer>)> {
+    ///
+    /// For a torch store ([`StoreProtocol::Torch`]) every rank is a client. Each call is one
+    /// more generation of the job in the store (a counter per rank, so the k-th call on every
+    /// rank meets the k-th on the others, never keys an earlier communicator left there), and
+    /// the returned store is scoped to `namespace/<generation>`. Without `OXCCL_TOKEN`, rank 0
+    /// then draws the job secret and sets it at key `secret` there, and the other ranks wait
+    /// for it until `deadline`.
+    pub fn open_store(&self, deadline: Instant) -> Result<OpenedStore> {
         let addr = self.store_addr()?;
-        let server = if self.host_store {
-            let any = match addr.ip() {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            };
-            Some(StoreServer::bind(
-                SocketAddr::new(any, addr.port()),
-                self.secret.clone(),
-            )?)
-        } else {
-            None
-        };
-        let store = TcpStore::connect(addr, &self.secret, deadline)?;
-        Ok((store, server))
+        match &self.protocol {
+            StoreProtocol::Oxccl => {
+                let secret = self.secret.clone().ok_or_else(|| {
+                    bad("oxccl's store needs a secret, and the rendezvous has none".into())
+                })?;
+                let server = if self.host_store {
+                    let any = match addr.ip() {
+                        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    };
+                    Some(StoreServer::bind(
+                        SocketAddr::new(any, addr.port()),
+                        secret.clone(),
+                    )?)
+                } else {
+                    None
+                };
+                let store = TcpStore::connect(addr, &secret, deadline)?;
+                Ok(OpenedStore {
+                    store: Arc::new(store),
+                    addr,
+                    secret,
+                    server,
+                })
+            }
+            StoreProtocol::Torch { namespace } => {
+                let client: Arc<dyn Store> = Arc::new(TorchStore::connect(addr, deadline)?);
+                let generation = client.add(&format!("{namespace}/generation/{}", self.rank), 1)?;
+                let store = PrefixStore::new(client, format!("{namespace}/{generation}"));
+                let secret = match &self.secret {
+                    Some(s) => s.clone(),
+                    None if self.rank == 0 => {
+                        let s = Secret::random().map_err(|e| {
+                            bad(format!(
+                                "rank 0: draw the job secret for the torch store: {e}"
+                            ))
+                        })?;
+                        store.set("secret", s.to_hex().as_bytes())?;
+                        s
+                    }
+                    None => {
+                        let hex = store.get("secret", deadline)?;
+                        std::str::from_utf8(&hex)
+                            .ok()
+                            .and_then(Secret::from_hex)
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "torch store at {addr}: key {:?} holds no secret (64 hex \
+                                     digits) from rank 0",
+                                    format!("{}/secret", store.prefix())
+                                ))
+                            })?
+                    }
+                };
+                tracing::debug!(
+                    rank = self.rank,
+                    %addr,
+                    prefix = store.prefix(),
+                    "joined the job through a torch TCPStore"
+                );
+                Ok(OpenedStore {
+                    store: Arc::new(store),
+                    addr,
+                    secret,
+                    server: None,
+                })
+            }
+        }
     }
 }
 

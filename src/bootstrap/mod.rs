@@ -1,11 +1,15 @@
 //! Bootstrap: how ranks find each other before any link exists — a key-value [`Store`] (in
-//! process or over authenticated TCP), the [`UniqueId`] that carries a store's address and the
-//! job secret, rendezvous from a launcher's environment, and the choice of a local address.
-//! Nothing here moves collective data, and nothing outside `bootstrap/` knows how ranks met.
+//! process, over authenticated TCP, or a client of PyTorch's `TCPStore`), the [`UniqueId`] that
+//! carries a store's address and the job secret, rendezvous from a launcher's environment, and
+//! the choice of a local address. Nothing here moves collective data, and nothing outside
+//! `bootstrap/` knows how ranks met.
 //!
 //! Every wait takes a deadline and fails with [`Error::Bootstrap`] naming the key it was waiting
-//! for; every TCP connection proves it belongs to the job with the HMAC challenge-response of
-//! [`oxccl_transport::auth`] before anything else is read from it.
+//! for; every TCP connection to oxccl's store proves it belongs to the job with the HMAC
+//! challenge-response of [`oxccl_transport::auth`] before anything else is read from it. A
+//! PyTorch `TCPStore` ([`TorchStore`], used under torchrun) has no authentication: there the
+//! job secret that authenticates the links between ranks is `OXCCL_TOKEN` or published in the
+//! store by rank 0 (see [`Rendezvous`]).
 //!
 //! # The TCP store protocol
 //!
@@ -27,14 +31,16 @@ mod env;
 pub(crate) mod iface;
 mod mem;
 mod server;
+mod torch_store;
 mod unique_id;
 mod wire;
 
 pub use client::TcpStore;
-pub use env::Rendezvous;
+pub use env::{OpenedStore, Rendezvous, StoreProtocol};
 pub use mem::MemStore;
 pub use oxccl_transport::auth::Secret;
 pub use server::{ServerLimits, StoreServer};
+pub use torch_store::TorchStore;
 pub use unique_id::UniqueId;
 pub use wire::{MAX_FRAME, STORE_CONTEXT};
 

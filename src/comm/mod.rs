@@ -98,7 +98,8 @@ struct Background {
 impl Communicator {
     /// Creates this process's communicator from a launcher's environment: oxrun's `OXCCL_*`,
     /// torchrun, Slurm, Open MPI or PMI variables (see [`Rendezvous`]). Rank 0 hosts the store
-    /// when the launcher does not.
+    /// when the launcher does not; under torchrun, whose agent already serves a PyTorch
+    /// `TCPStore` on `MASTER_PORT`, every rank is a client of that store.
     pub fn init(config: Config) -> Result<Communicator> {
         crate::logging::init();
         config.validate()?;
@@ -109,16 +110,24 @@ impl Communicator {
                     .into(),
             )
         })?;
+        Communicator::init_from(&rv, config)
+    }
+
+    /// Creates this process's communicator from a [`Rendezvous`] already read (with
+    /// [`Rendezvous::from_vars`], say): what [`Communicator::init`] does after reading the
+    /// environment.
+    pub fn init_from(rv: &Rendezvous, config: Config) -> Result<Communicator> {
+        crate::logging::init();
+        config.validate()?;
         let deadline = std::time::Instant::now() + config.timeout;
-        let (store, server) = rv.open_store(deadline)?;
-        let addr = store.addr();
+        let opened = rv.open_store(deadline)?;
         let boot = Boot::new(
-            Arc::new(store),
+            opened.store,
             "world".into(),
-            rv.secret.clone(),
+            opened.secret,
             None,
-            Some(addr),
-            server.map(Arc::new),
+            Some(opened.addr),
+            opened.server.map(Arc::new),
         );
         setup::init(boot, rv.rank, rv.world_size, config)
     }

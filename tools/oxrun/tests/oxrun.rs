@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use oxccl::bootstrap::{Rendezvous, Store};
+use oxccl::bootstrap::Rendezvous;
 use rustix::process::{Pid, Signal};
 
 fn oxrun() -> Command {
@@ -183,8 +183,9 @@ fn rank_body() {
         .expect("oxrun sets the OXCCL_* variables");
     assert_eq!((r.source, r.host_store), ("oxccl", false));
     let deadline = Instant::now() + Duration::from_secs(10);
-    let (store, server) = r.open_store(deadline).unwrap();
-    assert!(server.is_none());
+    let opened = r.open_store(deadline).unwrap();
+    assert!(opened.server.is_none());
+    let store = opened.store;
     store
         .set(
             &format!("hello/{}", r.rank),

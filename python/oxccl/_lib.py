@@ -1,0 +1,196 @@
+"""liboxccl's C ABI through ctypes: the library, its constants (nccl.h's values) and error
+handling. Nothing here imports torch.
+
+The library is the one built into this package at install time (``_liboxccl*.so``), or the
+file ``OXCCL_LIBRARY`` names (for a development build: ``target/release/liboxccl.so``).
+ctypes releases the GIL for the duration of every call, so other Python threads run while a
+rank waits for its peers.
+"""
+
+import ctypes
+import glob
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_void_p
+
+# Result codes (nccl.h's values).
+SUCCESS = 0
+UNHANDLED_CUDA_ERROR = 1
+SYSTEM_ERROR = 2
+INTERNAL_ERROR = 3
+INVALID_ARGUMENT = 4
+INVALID_USAGE = 5
+REMOTE_ERROR = 6
+IN_PROGRESS = 7
+TIMEOUT = 8
+
+# Data types.
+INT8, UINT8, INT32, UINT32, INT64, UINT64 = 0, 1, 2, 3, 4, 5
+FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = 6, 7, 8, 9
+FLOAT8E4M3, FLOAT8E5M2 = 10, 11
+
+# Reduction operators; the bitwise ones are oxccl's extension values above NCCL's.
+SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+BAND, BOR, BXOR = 4096, 4097, 4098
+
+# Where a pre-multiplier lives (oxcclRedOpCreatePreMulSum).
+SCALAR_DEVICE, SCALAR_HOST_IMMEDIATE = 0, 1
+
+UNIQUE_ID_BYTES = 128
+
+
+class UniqueId(ctypes.Structure):
+    """oxcclUniqueId, passed by value as nccl.h's ncclUniqueId is."""
+
+    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+
+
+class OxcclError(RuntimeError):
+    """An oxccl call failed. ``code`` is the result code (``TIMEOUT``, ``REMOTE_ERROR``,
+    ...); the message names the rank, the operation and, where one is to blame, the peer."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def _find_library():
+    path = os.environ.get("OXCCL_LIBRARY")
+    if path:
+        return path
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_liboxccl*.so")))
+    if not found:
+        raise ImportError(
+            f"oxccl: no _liboxccl*.so in {here} (install the package with `pip install ./python` "
+            "from a checkout, or set OXCCL_LIBRARY to a liboxccl.so)"
+        )
+    return found[0]
+
+
+LIBRARY = _find_library()
+lib = ctypes.CDLL(LIBRARY)
+
+_comm_p = POINTER(c_void_p)
+_signatures = {
+    "oxcclGetVersion": [POINTER(c_int)],
+    "oxcclGetUniqueId": [POINTER(UniqueId)],
+    "oxcclCommInitRank": [_comm_p, c_int, UniqueId, c_int],
+    "oxcclCommSplit": [c_void_p, c_int, c_int, _comm_p, c_void_p],
+    "oxcclCommFinalize": [c_void_p],
+    "oxcclCommDestroy": [c_void_p],
+    "oxcclCommAbort": [c_void_p],
+    "oxcclCommGetAsyncError": [c_void_p, POINTER(c_int)],
+    "oxcclCommCount": [c_void_p, POINTER(c_int)],
+    "oxcclCommUserRank": [c_void_p, POINTER(c_int)],
+    "oxcclAllReduce": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclBroadcast": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclReduce": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_void_p, c_void_p],
+    "oxcclAllGather": [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p],
+    "oxcclReduceScatter": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclAlltoAll": [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p],
+    "oxcclGather": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclScatter": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclSend": [c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclRecv": [c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+    "oxcclBarrier": [c_void_p, c_void_p],
+    "oxcclGroupStart": [],
+    "oxcclGroupEnd": [],
+    "oxcclRedOpCreatePreMulSum": [POINTER(c_int), c_void_p, c_int, c_int, c_void_p],
+    "oxcclRedOpDestroy": [c_int, c_void_p],
+}
+for _name, _args in _signatures.items():
+    _f = getattr(lib, _name)
+    _f.argtypes = _args
+    _f.restype = c_int
+lib.oxcclGetErrorString.argtypes = [c_int]
+lib.oxcclGetErrorString.restype = c_char_p
+lib.oxcclGetLastError.argtypes = [c_void_p]
+lib.oxcclGetLastError.restype = c_char_p
+
+
+def error_string(code):
+    return (lib.oxcclGetErrorString(code) or b"").decode(errors="replace")
+
+
+def last_error(comm=None):
+    """The message of the last failure on this thread (``comm`` None) or of ``comm``."""
+    return (lib.oxcclGetLastError(comm) or b"").decode(errors="replace")
+
+
+def fail(code, what, comm=None):
+    """Raises OxcclError for a failed call's result ``code``."""
+    detail = last_error(comm) or last_error(None) or error_string(code)
+    raise OxcclError(code, f"oxccl {what}: {detail} ({error_string(code)})")
+
+
+def check(code, what, comm=None):
+    if code != SUCCESS:
+        fail(code, what, comm)
+
+
+def version():
+    v = c_int(0)
+    check(lib.oxcclGetVersion(ctypes.byref(v)), "GetVersion")
+    return v.value
+
+
+def unique_id():
+    """A fresh UniqueId as bytes (rank 0 makes it; it travels to the others)."""
+    uid = UniqueId()
+    check(lib.oxcclGetUniqueId(ctypes.byref(uid)), "GetUniqueId")
+    return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
+
+
+# OXCCL_TIMEOUT is read when a communicator is created; creations that want their own timeout
+# set it under this lock (the C ABI's config has NCCL's fields only).
+_env_lock = threading.Lock()
+
+
+def init_rank(nranks, uid_bytes, rank, timeout_s=None):
+    """A communicator of ``nranks`` for ``rank``, meeting at the UniqueId ``uid_bytes``;
+    ``timeout_s`` (seconds) becomes its deadline for creation and every operation."""
+    if len(uid_bytes) != UNIQUE_ID_BYTES:
+        raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
+    uid = UniqueId.from_buffer_copy(uid_bytes)
+    comm = c_void_p()
+    with _env_lock:
+        saved = os.environ.get("OXCCL_TIMEOUT")
+        if timeout_s is not None:
+            os.environ["OXCCL_TIMEOUT"] = repr(float(timeout_s))
+        try:
+            code = lib.oxcclCommInitRank(ctypes.byref(comm), nranks, uid, rank)
+        finally:
+            if timeout_s is not None:
+                if saved is None:
+                    del os.environ["OXCCL_TIMEOUT"]
+                else:
+                    os.environ["OXCCL_TIMEOUT"] = saved
+    check(code, f"CommInitRank (rank {rank} of {nranks})")
+    return comm.value
+
+
+def split(comm, color, key):
+    """oxcclCommSplit: the new communicator's handle, or None (``color`` < 0: not a member)."""
+    new = c_void_p()
+    code = lib.oxcclCommSplit(comm, color, key, ctypes.byref(new), None)
+    check(code, f"CommSplit (color {color}, key {key})", comm)
+    return new.value
+
+
+def pre_mul_sum(scalar_ptr, dtype, comm):
+    """An operator that multiplies every input by the scalar at ``scalar_ptr`` (host memory,
+    one element of ``dtype``, read now) and sums."""
+    op = c_int(0)
+    check(
+        lib.oxcclRedOpCreatePreMulSum(
+            ctypes.byref(op), scalar_ptr, dtype, SCALAR_HOST_IMMEDIATE, comm
+        ),
+        "RedOpCreatePreMulSum",
+        comm,
+    )
+    return op.value
+
+
+def destroy_op(op, comm):
+    check(lib.oxcclRedOpDestroy(op, comm), "RedOpDestroy", comm)

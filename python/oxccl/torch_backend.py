@@ -1,0 +1,1006 @@
+"""oxccl as a torch.distributed backend: ``init_process_group("oxccl")`` (also ``"cpu:oxccl"``,
+``"cpu:oxccl,cuda:nccl"``) on CPU tensors.
+
+A Python subclass of torch's c10d ``Backend`` calls liboxccl's C ABI through ctypes (see
+``_lib``). Nothing is compiled against torch, so one build serves every torch release that
+keeps this Python Backend API (2.15 is the one tested).
+
+- Rendezvous: rank 0 of each group makes a UniqueId and puts it in the store torch hands the
+  backend (the group's PrefixStore); the others read it there. No second store, no configured
+  port (the communicator's own links use ephemeral ports).
+- Subgroups: ``split_group`` and ``new_group`` after ``init_process_group(..., device_id=...)``
+  split the parent communicator (``oxcclCommSplit``); a plain ``new_group`` (torch calls only
+  the members then) makes a fresh communicator through the subgroup's store.
+- Deadlines: the group's timeout becomes the communicator's (creation and every operation);
+  failures raise ``torch.distributed.DistBackendError`` naming the rank, the operation and,
+  where one is to blame, the peer.
+- Sync calls (``async_op=False``) run on the caller's thread with the GIL released. Async
+  calls (``async_op=True``, and DDP's gradient buckets) run in order on one worker thread per
+  group, so backward computation overlaps communication; ``Work.wait()``, ``is_completed()``
+  and ``get_future()`` behave as torch documents (the future's value is the output tensors,
+  in one flat list, as Gloo's). An async call that fails raises its DistBackendError from
+  ``Work.wait()`` and fails the future (so DDP's callbacks see it).
+- Arguments are checked when a call is made, on every rank, before anything is sent: an
+  unsupported dtype or operator, a root or peer outside the group, tensors of mismatched
+  sizes raise ValueError naming the operation and the rank, also for async calls.
+- On bool tensors SUM is an or and PRODUCT an and, as NCCL's (Gloo adds the bytes, so its
+  True may come out as 2). ``monitored_barrier`` goes through the group's store and names the
+  ranks that did not come.
+
+What does not work, and why:
+
+- ``gather_single`` (and its alias ``gather_into_tensor``): torch 2.15 does not forward it
+  to a Python backend; torch raises "Backend oxccl does not support gather_single". Use
+  ``gather``.
+- ``split_group`` on a rank in none of the new groups: torch's trampoline crashes when a
+  Python backend's ``split`` answers None, so that rank gets a DistBackendError instead of
+  ``GroupMember.NON_GROUP_MEMBER`` (it still takes part in the split; the others' groups are
+  made).
+- ``recv`` / ``irecv`` without a source: oxccl, like NCCL, cannot receive from any source;
+  it raises at once. Tags are ignored.
+- Unbatched ``isend``/``irecv`` between two ranks are matched in the order they are posted:
+  two ranks that both isend to each other before their irecv do not match, and oxccl raises
+  (in ``Work.wait()``, "... does not match rank N's call"; the communicator is then broken).
+  Post them in matching order (one side receives first) or use ``batch_isend_irecv``.
+"""
+
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
+
+from . import _lib
+from ._lib import lib
+
+NAME = "oxccl"
+_UID_KEY = "oxccl/unique_id"
+
+_RED = dist.ReduceOp.RedOpType
+_DTYPES = {
+    torch.int8: _lib.INT8,
+    torch.uint8: _lib.UINT8,
+    torch.int32: _lib.INT32,
+    torch.int64: _lib.INT64,
+    torch.float16: _lib.FLOAT16,
+    torch.float32: _lib.FLOAT32,
+    torch.float64: _lib.FLOAT64,
+    torch.bfloat16: _lib.BFLOAT16,
+    torch.bool: _lib.UINT8,
+}
+for _name, _code in (
+    ("uint32", _lib.UINT32),
+    ("uint64", _lib.UINT64),
+    ("float8_e4m3fn", _lib.FLOAT8E4M3),
+    ("float8_e5m2", _lib.FLOAT8E5M2),
+):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _code
+_FLOATS = {
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    getattr(torch, "float8_e4m3fn", None),
+    getattr(torch, "float8_e5m2", None),
+} - {None}
+_OPS = {
+    _RED.SUM: _lib.SUM,
+    _RED.PRODUCT: _lib.PROD,
+    _RED.MAX: _lib.MAX,
+    _RED.MIN: _lib.MIN,
+    _RED.AVG: _lib.AVG,
+    _RED.BAND: _lib.BAND,
+    _RED.BOR: _lib.BOR,
+    _RED.BXOR: _lib.BXOR,
+}
+# On bool tensors (0/1 bytes), as Gloo computes them: a sum is an or, a product an and.
+_BOOL_OPS = {
+    _RED.SUM: _lib.MAX,
+    _RED.PRODUCT: _lib.MIN,
+    _RED.MAX: _lib.MAX,
+    _RED.MIN: _lib.MIN,
+    _RED.BAND: _lib.BAND,
+    _RED.BOR: _lib.BOR,
+    _RED.BXOR: _lib.BXOR,
+}
+_BITWISE = {_RED.BAND, _RED.BOR, _RED.BXOR}
+
+_AllReduce = lib.oxcclAllReduce
+
+
+class _Work(dist._Work):
+    """The Work of one operation, over the torch Future its result (or failure) goes to.
+
+    Not torch's ``_create_work_from_future``: that Work's ``wait()`` returns True even when
+    the future failed. And ``torch.futures.Future.set_exception`` only stores the exception as
+    the future's value, which Python's ``wait()`` raises but C++ sees as a success (torch's
+    wrapper of a Python backend's Work, DDP's callbacks). So ``wait()`` waits on the Python
+    future (raising the DistBackendError itself), and ``get_future()`` is a future chained on
+    it that carries a failure as a real error (its ``wait()`` raises a RuntimeError quoting
+    the DistBackendError)."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+        self._chained = None
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def get_future(self):
+        if self._chained is None:
+            self._chained = self._fut.then(_unwrap)
+        return self._chained
+
+    def is_completed(self):
+        return self._fut.done()
+
+
+def _unwrap(fut):
+    return fut.wait()
+
+
+def _done(result):
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _Work(fut)
+
+
+def _timeout_seconds(timeout):
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return None if timeout is None else float(timeout)
+
+
+class _Step:
+    """One operation: ``issue`` makes its C calls (and raises on failure); ``finish`` (or None)
+    copies results out once they are there (after a group has ended, say)."""
+
+    __slots__ = ("what", "issue", "finish")
+
+    def __init__(self, what, issue, finish=None):
+        self.what = what
+        self.issue = issue
+        self.finish = finish
+
+
+class OxcclBackend(_C10dBackend):
+    """A torch.distributed backend over one oxccl communicator."""
+
+    def __init__(self, store, rank, size, timeout, *, comm=None, options=None, ranks=None):
+        super().__init__(rank, size)
+        self._timeout_s = _timeout_seconds(timeout)
+        self._options = (
+            options if options is not None else _C10dBackend.Options(NAME, timeout=timeout)
+        )
+        self._global_ranks = list(ranks) if ranks else list(range(size))
+        self._comm = None
+        if comm is None:
+            if rank == 0:
+                uid = _lib.unique_id()
+                store.set(_UID_KEY, uid)
+            else:
+                uid = bytes(store.get(_UID_KEY))
+            comm = _lib.init_rank(size, uid, rank, self._timeout_s)
+        self._comm = comm
+        self._store = store
+        self._where = f"rank {rank} of {size}"
+        self._monitored = 0  # monitored barriers so far (names their store keys)
+        self._coalesced = None
+        self._jobs = None
+        self._queued = 0
+        self._queued_lock = threading.Lock()
+        self._worker = None
+
+    # -- what torch asks of every backend --
+
+    def getBackendName(self):
+        return NAME
+
+    @property
+    def options(self):
+        return self._options
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    @property
+    def supports_coalescing(self):
+        return True
+
+    # -- plumbing --
+
+    def _check(self, code, what):
+        if code != _lib.SUCCESS:
+            self._raise(code, what)
+
+    def _raise(self, code, what):
+        detail = _lib.last_error(self._comm) or _lib.last_error(None) or _lib.error_string(code)
+        raise dist.DistBackendError(f"oxccl {what} on {self._where}: {detail}")
+
+    def _live(self, what):
+        if self._comm is None:
+            raise dist.DistBackendError(
+                f"oxccl {what} on {self._where}: the communicator was shut down or aborted"
+            )
+        return self._comm
+
+    def _tensor(self, t, what):
+        """A contiguous CPU tensor with ``t``'s data, its oxccl type, and whether results
+        must be copied back into ``t``."""
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"oxccl {what} on {self._where}: a tensor on {t.device}; oxccl takes CPU "
+                'tensors (use "cpu:oxccl,cuda:nccl" to send CUDA tensors to NCCL)'
+            )
+        if t.is_sparse:
+            raise ValueError(f"oxccl {what} on {self._where}: sparse tensors are not supported")
+        base = torch.view_as_real(t) if t.is_complex() else t
+        dtype = _DTYPES.get(base.dtype)
+        if dtype is None:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: unsupported dtype {t.dtype} (oxccl has int8, "
+                "uint8, int32, int64, float16, bfloat16, float32, float64, bool and float8)"
+            )
+        if base.is_contiguous():
+            return base, dtype, False
+        return base.contiguous(), dtype, True
+
+    def _check_op(self, reduce_op, t, buf, what):
+        """Raises ValueError unless ``reduce_op`` applies to ``t`` (prepared as ``buf``).
+        Called when an operation is made, so that the error comes at once, on the caller's
+        thread and on every rank, even for async calls (whose ``_op`` runs later)."""
+        kind = reduce_op.op if hasattr(reduce_op, "op") else reduce_op
+        if t.is_complex() and kind not in (_RED.SUM, _RED.AVG, _RED.PREMUL_SUM):
+            raise ValueError(
+                f"oxccl {what} on {self._where}: {kind} on complex tensors (SUM, AVG and "
+                "PREMUL_SUM only)"
+            )
+        if kind == _RED.PREMUL_SUM:
+            if buf.dtype not in _FLOATS:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: PREMUL_SUM needs a floating dtype, "
+                    f"not {t.dtype}"
+                )
+        else:
+            self._op(reduce_op, buf, what)  # no side effect for these: it only looks up
+
+    def _op(self, reduce_op, t, what):
+        """The oxccl operator for torch's ``reduce_op`` on tensor ``t`` (prepared), and a
+        cleanup to run once the call is issued (a PreMulSum operator is destroyed)."""
+        kind = reduce_op.op if hasattr(reduce_op, "op") else reduce_op
+        if kind == _RED.PREMUL_SUM:
+            if t.dtype not in _FLOATS:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: PREMUL_SUM needs a floating dtype, "
+                    f"not {t.dtype}"
+                )
+            factor = reduce_op.factor
+            if isinstance(factor, torch.Tensor):
+                factor = factor.item()
+            scalar = torch.tensor([factor], dtype=t.dtype)
+            op = _lib.pre_mul_sum(scalar.data_ptr(), _DTYPES[t.dtype], self._live(what))
+            return op, lambda: _lib.destroy_op(op, self._comm)
+        if t.dtype == torch.bool:
+            op = _BOOL_OPS.get(kind)
+        elif kind in _BITWISE and t.dtype in _FLOATS:
+            op = None
+        else:
+            op = _OPS.get(kind)
+        if op is None:
+            raise ValueError(f"oxccl {what} on {self._where}: {kind} is not supported on {t.dtype}")
+        return op, None
+
+    def _run(self, steps, result, async_op):
+        """Runs ``steps`` (one group when there are several) in this group's order, inline
+        or on the worker, and returns the Work whose future holds ``result``."""
+        if self._coalesced is not None:
+            self._coalesced.extend(steps)
+            return _done(result)
+        if not async_op and self._queued == 0:
+            self._execute(steps)
+            return _done(result)
+        fut = torch.futures.Future()
+        self._submit(steps, result, fut)
+        if not async_op:
+            fut.wait()
+        return _Work(fut)
+
+    def _execute(self, steps):
+        comm = self._live(steps[0].what)
+        if len(steps) == 1:
+            steps[0].issue(comm)
+        else:
+            lib.oxcclGroupStart()
+            failure = None
+            try:
+                for s in steps:
+                    s.issue(comm)
+            except BaseException as e:  # noqa: BLE001 - the group must still end
+                failure = e
+            code = lib.oxcclGroupEnd()
+            if failure is not None:
+                raise failure
+            self._check(code, " + ".join(sorted({s.what for s in steps})))
+        for s in steps:
+            if s.finish is not None:
+                s.finish()
+
+    def _submit(self, steps, result, fut):
+        with self._queued_lock:
+            self._queued += 1
+            if self._worker is None:
+                self._jobs = queue.SimpleQueue()
+                self._worker = threading.Thread(
+                    target=self._work_loop, name=f"oxccl-{self._where}", daemon=True
+                )
+                self._worker.start()
+        self._jobs.put((steps, result, fut))
+
+    def _work_loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            steps, result, fut = job
+            try:
+                self._execute(steps)
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                with self._queued_lock:
+                    self._queued -= 1
+                fut.set_exception(e)
+                continue
+            with self._queued_lock:
+                self._queued -= 1
+            fut.set_result(result)
+
+    # -- collectives --
+
+    def allreduce(self, tensors, opts):
+        op = opts.reduceOp
+        if len(tensors) == 1 and self._coalesced is None and self._queued == 0 and not opts.asyncOp:
+            # The fast path: one contiguous CPU tensor, a plain operator, sync.
+            t = tensors[0]
+            dtype = _DTYPES.get(t.dtype)
+            code = _OPS.get(op.op) if dtype is not None and t.dtype != torch.bool else None
+            if (
+                code is not None
+                and t.is_contiguous()
+                and t.device.type == "cpu"
+                and not t.is_sparse
+                and self._comm is not None
+            ):
+                if code < _lib.BAND or t.dtype not in _FLOATS:
+                    ptr = t.data_ptr()
+                    rc = _AllReduce(ptr, ptr, t.numel(), dtype, code, self._comm, None)
+                    if rc != _lib.SUCCESS:
+                        self._raise(rc, "all_reduce")
+                    return _done(tensors)
+        return self._run(
+            [self._allreduce_step(t, op, "all_reduce") for t in tensors], tensors, opts.asyncOp
+        )
+
+    def _allreduce_step(self, t, reduce_op, what):
+        buf, dtype, copy = self._tensor(t, what)
+        self._check_op(reduce_op, t, buf, what)
+        n = buf.numel()
+
+        def issue(comm):
+            op, cleanup = self._op(reduce_op, buf, what)
+            try:
+                ptr = buf.data_ptr()
+                self._check(lib.oxcclAllReduce(ptr, ptr, n, dtype, op, comm, None), what)
+            finally:
+                if cleanup:
+                    cleanup()
+
+        return _Step(
+            what,
+            issue,
+            (
+                (
+                    lambda: t.copy_(
+                        buf.view_as(t) if not t.is_complex() else torch.view_as_complex(buf)
+                    )
+                )
+                if copy
+                else None
+            ),
+        )
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self._run(
+            [self._allreduce_step(t, opts.reduceOp, "all_reduce_coalesced") for t in tensors],
+            tensors,
+            opts.asyncOp,
+        )
+
+    def broadcast(self, tensors, opts):
+        what = "broadcast"
+        root = opts.rootRank
+        self._root(root, what)
+        steps = []
+        for t in tensors:
+            buf, dtype, copy = self._tensor(t, what)
+            n = buf.numel()
+
+            def issue(comm, buf=buf, n=n, dtype=dtype):
+                ptr = buf.data_ptr()
+                self._check(lib.oxcclBroadcast(ptr, ptr, n, dtype, root, comm, None), what)
+
+            steps.append(_Step(what, issue, self._copy_back(t, buf) if copy else None))
+        return self._run(steps, tensors, opts.asyncOp)
+
+    def reduce(self, tensors, opts):
+        what = "reduce"
+        root = opts.rootRank
+        self._root(root, what)
+        steps = []
+        for t in tensors:
+            buf, dtype, copy = self._tensor(t, what)
+            self._check_op(opts.reduceOp, t, buf, what)
+            n = buf.numel()
+
+            def issue(comm, buf=buf, n=n, dtype=dtype):
+                op, cleanup = self._op(opts.reduceOp, buf, what)
+                try:
+                    ptr = buf.data_ptr()
+                    self._check(lib.oxcclReduce(ptr, ptr, n, dtype, op, root, comm, None), what)
+                finally:
+                    if cleanup:
+                        cleanup()
+
+            steps.append(_Step(what, issue, self._copy_back(t, buf) if copy else None))
+        return self._run(steps, tensors, opts.asyncOp)
+
+    def allgather(self, output_lists, inputs, opts):
+        what = "all_gather"
+        if len(output_lists) != len(inputs):
+            raise ValueError(
+                f"oxccl {what} on {self._where}: {len(output_lists)} output lists for "
+                f"{len(inputs)} inputs"
+            )
+        steps = [self._gather_list_step(outs, inp, what) for outs, inp in zip(output_lists, inputs)]
+        # The future's value is the output tensors in one flat list, as Gloo's is.
+        return self._run(steps, [o for outs in output_lists for o in outs], opts.asyncOp)
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        # torch's layout (as Gloo reads it): output_lists[r][i] receives rank r's inputs[i].
+        what = "all_gather_coalesced"
+        n = self.size()
+        if len(output_lists) != n or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(
+                f"oxccl {what} on {self._where}: the outputs must be {n} lists (one per rank) "
+                f"of {len(inputs)} tensors (one per input), not "
+                f"{[len(outs) for outs in output_lists]}"
+            )
+        steps = [
+            self._gather_list_step([outs[i] for outs in output_lists], inp, what)
+            for i, inp in enumerate(inputs)
+        ]
+        return self._run(steps, [o for outs in output_lists for o in outs], opts.asyncOp)
+
+    def _gather_list_step(self, outs, inp, what):
+        buf, dtype, _ = self._tensor(inp, what)
+        self._same(outs, inp, self.size(), what)
+        n = buf.numel()
+        flat = torch.empty((self.size(),) + tuple(buf.shape), dtype=buf.dtype)
+
+        def issue(comm):
+            self._check(
+                lib.oxcclAllGather(buf.data_ptr(), flat.data_ptr(), n, dtype, comm, None), what
+            )
+
+        def finish():
+            for i, o in enumerate(outs):
+                o.copy_(self._as(flat[i], o))
+
+        return _Step(what, issue, finish)
+
+    def all_gather_single(self, output, input, opts):
+        return self._run(
+            [self._all_gather_single_step(output, input, "all_gather_into_tensor")],
+            [output],
+            opts.asyncOp,
+        )
+
+    def _allgather_base(self, output, input, opts):
+        return self.all_gather_single(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        steps = [
+            self._all_gather_single_step(o, i, "all_gather_into_tensor_coalesced")
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._run(steps, outputs, opts.asyncOp)
+
+    def _all_gather_single_step(self, output, input, what):
+        buf, dtype, _ = self._tensor(input, what)
+        out, odtype, copy = self._tensor(output, what)
+        self._sizes(out, buf, self.size(), 1, what, odtype, dtype)
+        n = buf.numel()
+
+        def issue(comm):
+            self._check(
+                lib.oxcclAllGather(buf.data_ptr(), out.data_ptr(), n, dtype, comm, None), what
+            )
+
+        return _Step(what, issue, self._copy_back(output, out) if copy else None)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        what = "reduce_scatter"
+        steps = []
+        for out_t, ins in zip(outputs, input_lists, strict=True):
+            self._same(ins, out_t, self.size(), what)
+            flat = torch.cat([self._tensor(x, what)[0].reshape(-1) for x in ins])
+            steps.append(self._reduce_scatter_step(out_t, flat, opts.reduceOp, what))
+        return self._run(steps, outputs, opts.asyncOp)
+
+    def reduce_scatter_single(self, output, input, opts):
+        return self._run(
+            [self._reduce_scatter_step(output, input, opts.reduceOp, "reduce_scatter_tensor")],
+            [output],
+            opts.asyncOp,
+        )
+
+    def _reduce_scatter_base(self, output, input, opts):
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        steps = [
+            self._reduce_scatter_step(o, i, opts.reduceOp, "reduce_scatter_tensor_coalesced")
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._run(steps, outputs, opts.asyncOp)
+
+    def _reduce_scatter_step(self, output, input, reduce_op, what):
+        buf, dtype, _ = self._tensor(input, what)
+        out, odtype, copy = self._tensor(output, what)
+        self._sizes(buf, out, self.size(), 1, what, dtype, odtype)
+        self._check_op(reduce_op, output, buf, what)
+        n = out.numel()
+
+        def issue(comm):
+            op, cleanup = self._op(reduce_op, buf, what)
+            try:
+                self._check(
+                    lib.oxcclReduceScatter(
+                        buf.data_ptr(), out.data_ptr(), n, dtype, op, comm, None
+                    ),
+                    what,
+                )
+            finally:
+                if cleanup:
+                    cleanup()
+
+        return _Step(what, issue, self._copy_back(output, out) if copy else None)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        what = "all_to_all_single"
+        n = self.size()
+        buf, dtype, _ = self._tensor(input, what)
+        out, odtype, copy = self._tensor(output, what)
+        if dtype != odtype:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: input {input.dtype}, output {output.dtype}"
+            )
+        finish = self._copy_back(output, out) if copy else None
+        if not output_split_sizes and not input_split_sizes:
+            if buf.numel() != out.numel() or buf.numel() % n:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: input of {buf.numel()} and output of "
+                    f"{out.numel()} elements; both must be the same multiple of {n}"
+                )
+            count = buf.numel() // n
+
+            def issue(comm):
+                self._check(
+                    lib.oxcclAlltoAll(buf.data_ptr(), out.data_ptr(), count, dtype, comm, None),
+                    what,
+                )
+
+            return self._run([_Step(what, issue, finish)], [output], opts.asyncOp)
+        ins = self._splits(input_split_sizes, buf, input, "input", what)
+        outs = self._splits(output_split_sizes, out, output, "output", what)
+        item = buf.element_size()
+        steps = []
+        for peer in range(n):
+            (i_off, i_len), (o_off, o_len) = ins[peer], outs[peer]
+            if i_len:
+                steps.append(
+                    _Step(what, self._send_issue(buf, i_off * item, i_len, dtype, peer, what))
+                )
+            if o_len:
+                steps.append(
+                    _Step(what, self._recv_issue(out, o_off * item, o_len, dtype, peer, what))
+                )
+        if not steps:
+            return _done([output])
+        if finish is not None:
+            steps[-1].finish = finish
+        return self._run(steps, [output], opts.asyncOp)
+
+    def _splits(self, sizes, buf, orig, which, what):
+        n = self.size()
+        rows = orig.shape[0] if orig.dim() else 1
+        per_row = buf.numel() // rows if rows else 0
+        if not sizes:
+            if rows % n:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: {which} has {rows} rows, not a multiple of {n}"
+                )
+            sizes = [rows // n] * n
+        if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: {which} split sizes {list(sizes)} must be {n} "
+                f"non-negative numbers adding up to its {rows} rows"
+            )
+        out, off = [], 0
+        for s in sizes:
+            out.append((off * per_row, s * per_row))
+            off += s
+        return out
+
+    def alltoall(self, outputs, inputs, opts):
+        what = "all_to_all"
+        n = self.size()
+        if len(outputs) != n or len(inputs) != n:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: {len(inputs)} inputs and {len(outputs)} "
+                f"outputs, not {n} each"
+            )
+        steps = []
+        for peer in range(n):
+            b, dt, _ = self._tensor(inputs[peer], what)
+            o, odt, copy = self._tensor(outputs[peer], what)
+            if dt != odt:
+                raise ValueError(f"oxccl {what} on {self._where}: mixed dtypes")
+            steps.append(_Step(what, self._send_issue(b, 0, b.numel(), dt, peer, what)))
+            steps.append(
+                _Step(
+                    what,
+                    self._recv_issue(o, 0, o.numel(), odt, peer, what),
+                    self._copy_back(outputs[peer], o) if copy else None,
+                )
+            )
+        return self._run(steps, outputs, opts.asyncOp)
+
+    def gather(self, output_lists, inputs, opts):
+        what = "gather"
+        root = opts.rootRank
+        self._root(root, what)
+        (inp,) = inputs
+        buf, dtype, _ = self._tensor(inp, what)
+        n = buf.numel()
+        me = self.rank()
+        if me == root:
+            if len(output_lists) != 1:
+                raise ValueError(f"oxccl {what} on {self._where}: the root needs one output list")
+            outs = output_lists[0]
+            self._same(outs, inp, self.size(), what)
+            flat = torch.empty((self.size(),) + tuple(buf.shape), dtype=buf.dtype)
+
+            def finish():
+                for i, o in enumerate(outs):
+                    o.copy_(self._as(flat[i], o))
+
+        else:
+            flat, finish = None, None
+
+        def issue(comm):
+            recv = flat.data_ptr() if flat is not None else None
+            self._check(lib.oxcclGather(buf.data_ptr(), recv, n, dtype, root, comm, None), what)
+
+        result = list(output_lists[0]) if flat is not None else []
+        return self._run([_Step(what, issue, finish)], result, opts.asyncOp)
+
+    def scatter(self, outputs, input_lists, opts):
+        what = "scatter"
+        root = opts.rootRank
+        self._root(root, what)
+        (out_t,) = outputs
+        out, dtype, copy = self._tensor(out_t, what)
+        n = out.numel()
+        if self.rank() == root:
+            if len(input_lists) != 1:
+                raise ValueError(f"oxccl {what} on {self._where}: the root needs one input list")
+            self._same(input_lists[0], out_t, self.size(), what)
+            flat = torch.cat([self._tensor(x, what)[0].reshape(-1) for x in input_lists[0]])
+        else:
+            flat = None
+
+        def issue(comm):
+            send = flat.data_ptr() if flat is not None else None
+            self._check(lib.oxcclScatter(send, out.data_ptr(), n, dtype, root, comm, None), what)
+
+        return self._run(
+            [_Step(what, issue, self._copy_back(out_t, out) if copy else None)],
+            outputs,
+            opts.asyncOp,
+        )
+
+    def send(self, tensors, dst, tag=0):
+        what = f"send to {dst}"
+        self._peer(dst, what)
+        steps = []
+        for t in tensors:
+            buf, dtype, _ = self._tensor(t, what)
+            steps.append(_Step(what, self._send_issue(buf, 0, buf.numel(), dtype, dst, what)))
+        return self._run(steps, tensors, True)
+
+    def recv(self, tensors, src, tag=0):
+        what = f"recv from {src}"
+        self._peer(src, what)
+        steps = []
+        for t in tensors:
+            buf, dtype, copy = self._tensor(t, what)
+            steps.append(
+                _Step(
+                    what,
+                    self._recv_issue(buf, 0, buf.numel(), dtype, src, what),
+                    self._copy_back(t, buf) if copy else None,
+                )
+            )
+        return self._run(steps, tensors, True)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise dist.DistBackendError(
+            f"oxccl recv on {self._where}: receiving from any source is not supported "
+            "(name the source rank, as NCCL requires)"
+        )
+
+    def _send_issue(self, buf, byte_off, count, dtype, peer, what):
+        def issue(comm):
+            self._check(
+                lib.oxcclSend(buf.data_ptr() + byte_off, count, dtype, peer, comm, None), what
+            )
+
+        return issue
+
+    def _recv_issue(self, buf, byte_off, count, dtype, peer, what):
+        def issue(comm):
+            self._check(
+                lib.oxcclRecv(buf.data_ptr() + byte_off, count, dtype, peer, comm, None), what
+            )
+
+        return issue
+
+    def barrier(self, opts):
+        what = "barrier"
+
+        def issue(comm):
+            self._check(lib.oxcclBarrier(comm, None), what)
+
+        return self._run([_Step(what, issue)], [], opts.asyncOp)
+
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        """torch's monitored_barrier, through the group's store: every rank checks in; rank 0
+        waits for the others until ``opts.timeout`` and then lets them go, or raises naming
+        the ranks that did not come (the first one only, unless ``wait_all_ranks``); the
+        others wait as long for rank 0's word."""
+        what = "monitored_barrier"
+        self._drain()
+        timeout = opts.timeout
+        if not isinstance(timeout, datetime.timedelta) or timeout <= datetime.timedelta(0):
+            timeout = self._options._timeout
+        self._monitored += 1
+        base = f"oxccl/monitored_barrier/{self._monitored}"
+        store, me, n = self._store, self.rank(), self.size()
+        if me != 0:
+            store.set(f"{base}/{me}", "1")
+            try:
+                store.wait([f"{base}/go"], timeout)
+            except Exception as e:  # noqa: BLE001 - the store's timeout, said plainly
+                raise dist.DistBackendError(
+                    f"oxccl {what} on {self._where}: rank 0 did not let this rank go within "
+                    f"{timeout} (rank 0 names the ranks that did not come)"
+                ) from e
+            return
+        keys = [f"{base}/{r}" for r in range(1, n)]
+        try:
+            if keys:
+                store.wait(keys, timeout)
+        except Exception:  # noqa: BLE001 - the store's timeout: find out who is missing
+            missing = [r for r in range(1, n) if not store.check([f"{base}/{r}"])]
+            if missing:
+                shown = missing if wait_all_ranks else missing[:1]
+                names = ", ".join(f"{r} (global {self._global_ranks[r]})" for r in shown)
+                raise dist.DistBackendError(
+                    f"oxccl {what} on {self._where}: rank(s) {names} did not reach the barrier "
+                    f"within {timeout}"
+                ) from None
+        store.set(f"{base}/go", "1")
+
+    # -- coalescing (batch_isend_irecv, the coalescing manager) --
+
+    def start_coalescing(self):
+        if self._coalesced is not None:
+            raise dist.DistBackendError(f"oxccl on {self._where}: coalescing has already started")
+        self._coalesced = []
+
+    def end_coalescing(self):
+        steps, self._coalesced = self._coalesced, None
+        if steps is None:
+            raise dist.DistBackendError(
+                f"oxccl on {self._where}: end_coalescing without start_coalescing"
+            )
+        if not steps:
+            return _done([])
+        return self._run(steps, [], False)
+
+    # -- communicators --
+
+    def split(self, store, ranks, opts):
+        ranks = sorted(ranks)
+        me = self.rank()
+        timeout = getattr(opts, "_timeout", None) if opts is not None else None
+        if me in ranks:
+            color, key = ranks[0], ranks.index(me)
+        else:
+            color, key = -1, 0
+        self._drain()
+        comm = _lib.split(self._live("split"), color, key)
+        if comm is None:
+            # The answer for a rank in none of the new groups would be None, but torch 2.15's
+            # trampoline for a Python backend's split dereferences what it gets (a crash on
+            # None). So this rank, which took part in the split (the others have their
+            # groups), raises instead of getting GroupMember.NON_GROUP_MEMBER.
+            raise dist.DistBackendError(
+                f"oxccl split_group on {self._where}: this rank is in none of the new groups "
+                "(torch cannot take a Python backend's 'not a member' answer, so it gets this "
+                "error instead of GroupMember.NON_GROUP_MEMBER; the other ranks' groups are "
+                "made). Put every rank in one of split_ranks, or use new_group."
+            )
+        if opts is None:
+            opts = _C10dBackend.Options(NAME, timeout=timeout or self._options._timeout)
+        globals_ = [self._global_ranks[r] for r in ranks]
+        return OxcclBackend(
+            store,
+            key,
+            len(ranks),
+            timeout or self._options._timeout,
+            comm=comm,
+            options=opts,
+            ranks=globals_,
+        )
+
+    def perform_nocolor_split(self, _device=None):
+        self._drain()
+        _lib.split(self._live("split"), -1, 0)
+
+    def _drain(self):
+        if self._queued:
+            fut = torch.futures.Future()
+            self._submit([], None, fut)
+            fut.wait()
+
+    def shutdown(self):
+        """Finishes queued work and destroys the communicator."""
+        self._stop_worker(wait=True)
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            lib.oxcclCommDestroy(comm)
+
+    def abort(self):
+        """Aborts the communicator: operations in flight on it fail at once."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            lib.oxcclCommAbort(comm)
+        self._stop_worker(wait=False)
+
+    def _stop_worker(self, wait):
+        w = self._worker
+        if w is not None:
+            self._jobs.put(None)
+            if wait and w is not threading.current_thread():
+                w.join()
+            self._worker = None
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- checks --
+
+    def _root(self, root, what):
+        if not 0 <= root < self.size():
+            raise ValueError(
+                f"oxccl {what} on {self._where}: root {root} is not a rank of this group"
+            )
+
+    def _peer(self, peer, what):
+        if not 0 <= peer < self.size():
+            raise ValueError(
+                f"oxccl {what} on {self._where}: peer {peer} is not a rank of this group"
+            )
+
+    def _same(self, tensors, like, count, what):
+        if len(tensors) != count:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: {len(tensors)} tensors in the list, not {count}"
+            )
+        for t in tensors:
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: a list tensor of {t.numel()} x {t.dtype}, "
+                    f"not {like.numel()} x {like.dtype}"
+                )
+
+    def _sizes(self, big, small, n, _unused, what, big_dtype, small_dtype):
+        if big_dtype != small_dtype or big.numel() != n * small.numel():
+            raise ValueError(
+                f"oxccl {what} on {self._where}: tensors of {big.numel()} and {small.numel()} "
+                f"elements ({big.dtype}, {small.dtype}); the larger must be {n} times the smaller, "
+                "same dtype"
+            )
+
+    @staticmethod
+    def _as(src, like):
+        """``src`` (a prepared buffer's part) shaped as ``like``."""
+        if like.is_complex():
+            return torch.view_as_complex(src.reshape(like.shape + (2,)))
+        return src.reshape(like.shape)
+
+    def _copy_back(self, t, buf):
+        return lambda: t.copy_(self._as(buf, t))
+
+
+def _create(opts, backend_options):
+    """torch's creator (extended API): a split of the parent when torch offers one, else a new
+    communicator through the group's store."""
+    if backend_options is None:
+        backend_options = _C10dBackend.Options(NAME, timeout=opts.timeout)
+    parent = opts.split_from
+    if parent is not None and isinstance(parent, OxcclBackend):
+        return parent.split(opts.store, opts.global_ranks_in_group, backend_options)
+    return OxcclBackend(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        options=backend_options,
+        ranks=opts.global_ranks_in_group,
+    )
+
+
+def register():
+    """Registers the backend with torch.distributed (the package's entry point calls it)."""
+    if NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+
+
+def _patch_is_completed():
+    """torch 2.15 wraps a Python backend's Work in a holder that forwards wait() and
+    get_future() but not isCompleted(), so ``work.is_completed()`` stays False after the work
+    is done. Where the holder says False, ask the work's future instead (for other backends'
+    works this gives the same answer)."""
+    work_cls = dist.Work
+    original = work_cls.is_completed
+    if getattr(original, "_oxccl", False):
+        return
+
+    def is_completed(self):
+        if original(self):
+            return True
+        try:
+            return self.get_future().done()
+        except RuntimeError:
+            return False
+
+    is_completed._oxccl = True
+    is_completed.__doc__ = original.__doc__
+    work_cls.is_completed = is_completed
+
+
+_patch_is_completed()

@@ -1,0 +1,106 @@
+"""One rank of a small DDP (and FSDP2) training run, launched by torchrun. It does not import
+oxccl: ``init_process_group(BACKEND)`` finds the backend through the installed package's
+entry point. Rank 0 saves the final parameters and buffers of every variant to OUT (a
+torch.save'd dict) for test_ddp.py to compare across backends.
+
+    torchrun --nproc-per-node N ddp_worker.py BACKEND OUT [--fsdp]
+"""
+
+import argparse
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+STEPS = 20
+
+
+class WithBuffer(nn.Module):
+    """An MLP with a buffer that forward changes (DDP broadcasts buffers every forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        self.register_buffer("seen", torch.zeros(16))
+
+    def forward(self, x):
+        self.seen += x.detach().mean(0)
+        return self.net(x + 0.01 * self.seen)
+
+
+class WithUnused(nn.Module):
+    """A model with a layer that forward never uses (find_unused_parameters=True)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(16, 8)
+        self.unused = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.used(x)))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def train_ddp(model_cls, hook, rank):
+    torch.manual_seed(0)  # the same initial parameters everywhere (DDP broadcasts them anyway)
+    model = model_cls()
+    ddp = DDP(model, find_unused_parameters=model_cls is WithUnused)
+    if hook:
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_fsdp(rank):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("backend")
+    p.add_argument("out")
+    p.add_argument("--fsdp", action="store_true")
+    a = p.parse_args()
+    dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    results = {}
+    for model_cls in (WithBuffer, WithUnused):
+        for hook in (False, True):
+            results[f"ddp/{model_cls.__name__}/hook={hook}"] = train_ddp(model_cls, hook, rank)
+    if a.fsdp:
+        results["fsdp2"] = train_fsdp(rank)
+    if rank == 0:
+        torch.save(results, a.out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

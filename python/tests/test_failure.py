@@ -1,0 +1,68 @@
+"""A rank killed mid-training: the others raise within 5 s, with an error that names the
+collective, and tear down (destroy_process_group) without hanging.
+
+The ranks are started as plain processes (torchrun would kill the survivors itself as soon
+as one worker dies, which is not what is being tested).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "failure_worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 0)])
+def test_killed_rank_makes_the_others_raise_within_5s(world, victim):
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        death = os.path.join(d, "died")
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, WORKER, death, str(victim)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        deadline = time.time() + 120
+        outs = []
+        for r, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                pytest.fail(f"rank {r} of {world} hung after rank {victim} was killed")
+            outs.append((p.returncode, out, err))
+    for r, (code, out, err) in enumerate(outs):
+        if r == victim:
+            assert code == -9, f"the victim rank {r} exited with {code}:\n{err[-3000:]}"
+            continue
+        assert code == 0, f"rank {r} exited with {code}:\n{out}\n{err[-3000:]}"
+        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        assert len(lines) == 2, f"rank {r}: {out}\n{err[-3000:]}"
+        seen, teardown = lines
+        assert seen["after"] is not None, f"rank {r} raised before the death: {seen}"
+        assert seen["after"] < 5.0, f"rank {r} raised {seen['after']:.2f} s after the death: {seen}"
+        assert seen["type"] == "DistBackendError", seen
+        message = seen["message"]
+        assert "all_reduce" in message or "all-reduce" in message, message
+        assert f"rank {r}" in message, message
+        assert f"rank {victim} failed" in message, message
+        assert teardown["destroyed_in"] < 10.0, teardown

@@ -49,9 +49,20 @@ def batch(rank, step):
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def train_ddp(model_cls, hook, rank):
+def exact_gradients(model):
+    """Rounds every gradient to a multiple of 1/64 below 1 in magnitude, before DDP sees it.
+    DDP then divides by the world size (4: exact) and sums four such values, which is exact in
+    float32 and, with the fp16 hook, in float16 (|sum| < 1 on a grid of 2^-8): the order of
+    reduction cannot change a bit, so any two libraries must agree exactly."""
+    for p in model.parameters():
+        p.register_hook(lambda g: (g * 64).round().clamp(-63, 63) / 64)
+
+
+def train_ddp(model_cls, hook, rank, exact=False):
     torch.manual_seed(0)  # the same initial parameters everywhere (DDP broadcasts them anyway)
     model = model_cls()
+    if exact:
+        exact_gradients(model)
     ddp = DDP(model, find_unused_parameters=model_cls is WithUnused)
     if hook:
         ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
@@ -93,7 +104,9 @@ def main():
     results = {}
     for model_cls in (WithBuffer, WithUnused):
         for hook in (False, True):
-            results[f"ddp/{model_cls.__name__}/hook={hook}"] = train_ddp(model_cls, hook, rank)
+            for exact in (False, True):
+                name = f"ddp/{model_cls.__name__}/hook={hook}" + ("/exact" if exact else "")
+                results[name] = train_ddp(model_cls, hook, rank, exact)
     if a.fsdp:
         results["fsdp2"] = train_fsdp(rank)
     if rank == 0:

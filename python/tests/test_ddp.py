@@ -8,8 +8,9 @@ package's entry point provides the backend, as for a user.
 With 2 ranks every sum has two terms, so the order of reduction cannot matter and the final
 parameters must be bit-identical to Gloo's. With 4 ranks Gloo's ring and oxccl's algorithms
 add the four gradients in different orders, so float results may differ in the last bits
-(seen: at most 4e-8 absolute in fp32, 1e-4 with the fp16 hook); there the test requires
-agreement within those rounding bounds.
+(seen: at most 4e-8 absolute in fp32, 1e-4 with the fp16 hook): those runs must agree within
+such rounding bounds, and the "exact" DDP variants, whose gradients are rounded to a grid on
+which every sum is exact (ddp_worker.exact_gradients), must be bit-identical to Gloo's.
 """
 
 import os
@@ -68,7 +69,7 @@ def diffs(a, b):
 
 def test_two_ranks_bit_identical_to_gloo(runs):
     gloo, ox = runs["gloo", 2], runs["oxccl", 2]
-    assert len(gloo) == 5  # 4 DDP variants and FSDP2
+    assert len(gloo) == 9  # 8 DDP variants and FSDP2
     for variant in gloo:
         for k in gloo[variant]:
             assert torch.equal(gloo[variant][k], ox[variant][k]), (
@@ -80,6 +81,14 @@ def test_two_ranks_bit_identical_to_gloo(runs):
 def test_four_ranks_match_gloo_up_to_summation_order(runs):
     gloo, ox = runs["gloo", 4], runs["oxccl", 4]
     worst = diffs(gloo, ox)
+    exact = [v for v in gloo if v.endswith("/exact")]
+    assert len(exact) == 4, exact
+    for variant in exact:
+        for k in gloo[variant]:
+            assert torch.equal(gloo[variant][k], ox[variant][k]), (
+                f"{variant} {k}: oxccl differs from Gloo by {worst[variant]} although every "
+                "gradient sum is exact"
+            )
     for variant, d in worst.items():
         bound = 1e-3 if "hook=True" in variant else 1e-6
         assert d <= bound, f"{variant}: oxccl and Gloo differ by {d} (bound {bound}); all: {worst}"

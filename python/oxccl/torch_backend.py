@@ -509,9 +509,6 @@ class OxcclBackend(_C10dBackend):
             opts.asyncOp,
         )
 
-    def _allgather_base(self, output, input, opts):
-        return self.all_gather_single(output, input, opts)
-
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         steps = [
             self._all_gather_single_step(o, i, "all_gather_into_tensor_coalesced")
@@ -522,7 +519,7 @@ class OxcclBackend(_C10dBackend):
     def _all_gather_single_step(self, output, input, what):
         buf, dtype, _ = self._tensor(input, what)
         out, odtype, copy = self._tensor(output, what)
-        self._sizes(out, buf, self.size(), 1, what, odtype, dtype)
+        self._sizes(out, buf, self.size(), what, odtype, dtype)
         n = buf.numel()
 
         def issue(comm):
@@ -548,9 +545,6 @@ class OxcclBackend(_C10dBackend):
             opts.asyncOp,
         )
 
-    def _reduce_scatter_base(self, output, input, opts):
-        return self.reduce_scatter_single(output, input, opts)
-
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         steps = [
             self._reduce_scatter_step(o, i, opts.reduceOp, "reduce_scatter_tensor_coalesced")
@@ -561,7 +555,7 @@ class OxcclBackend(_C10dBackend):
     def _reduce_scatter_step(self, output, input, reduce_op, what):
         buf, dtype, _ = self._tensor(input, what)
         out, odtype, copy = self._tensor(output, what)
-        self._sizes(buf, out, self.size(), 1, what, dtype, odtype)
+        self._sizes(buf, out, self.size(), what, dtype, odtype)
         self._check_op(reduce_op, output, buf, what)
         n = out.numel()
 
@@ -579,9 +573,6 @@ class OxcclBackend(_C10dBackend):
                     cleanup()
 
         return _Step(what, issue, self._copy_back(output, out) if copy else None)
-
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
         what = "all_to_all_single"
@@ -936,7 +927,7 @@ class OxcclBackend(_C10dBackend):
                     f"not {like.numel()} x {like.dtype}"
                 )
 
-    def _sizes(self, big, small, n, _unused, what, big_dtype, small_dtype):
+    def _sizes(self, big, small, n, what, big_dtype, small_dtype):
         if big_dtype != small_dtype or big.numel() != n * small.numel():
             raise ValueError(
                 f"oxccl {what} on {self._where}: tensors of {big.numel()} and {small.numel()} "

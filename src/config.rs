@@ -45,6 +45,12 @@ pub struct Config {
     /// The largest out-of-place all-reduce, in bytes, that reaches peers' memory directly
     /// (`OXCCL_DIRECT_MAX`; default [`Config::DEFAULT_DIRECT_MAX`]).
     pub direct_max: usize,
+    /// All-gathers, reduce-scatters, broadcasts and reduces between ranks of one host whose
+    /// per-rank block (the message, for broadcast and reduce) has at least this many bytes
+    /// reach peers' memory directly by system calls, one copy per byte, when every rank can
+    /// (`OXCCL_DIRECT_COPY_MIN`, bytes, or `off`); the others are staged through the shared
+    /// group area. Default [`Config::DEFAULT_DIRECT_COPY_MIN`].
+    pub direct_copy_min: usize,
 }
 
 impl Default for Config {
@@ -59,6 +65,7 @@ impl Default for Config {
             scratch_slots: Choice::DEFAULT_SCRATCH_SLOTS,
             direct_min: Config::DEFAULT_DIRECT_MIN,
             direct_max: Config::DEFAULT_DIRECT_MAX,
+            direct_copy_min: Config::DEFAULT_DIRECT_COPY_MIN,
         }
     }
 }
@@ -72,6 +79,10 @@ impl Config {
     /// and the kernel's page-by-page copies lose to streaming through the group area; in place
     /// they still win (they write lines just read).
     pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
+    /// Default [`Config::direct_copy_min`]: off. On the reference machine staging through the
+    /// group area beat the kernel's page-by-page copies at every size from 8 B to 64 MiB, in
+    /// place and out of place (README's performance section).
+    pub const DEFAULT_DIRECT_COPY_MIN: usize = usize::MAX;
 
     /// The shortest [`Config::timeout`].
     pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
@@ -135,6 +146,13 @@ impl Config {
                 usize::MAX
             } else {
                 number("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`")?
+            };
+        }
+        if let Some(v) = get("OXCCL_DIRECT_COPY_MIN") {
+            c.direct_copy_min = if v.trim().eq_ignore_ascii_case("off") {
+                usize::MAX
+            } else {
+                number("OXCCL_DIRECT_COPY_MIN", &v, "not a byte count or `off`")?
             };
         }
         if let Some(v) = get("OXCCL_DIRECT_MAX") {
@@ -208,6 +226,15 @@ impl Config {
     pub fn direct_min(self, bytes: usize) -> Config {
         Config {
             direct_min: bytes,
+            ..self
+        }
+    }
+
+    /// With [`Config::direct_copy_min`] set to `bytes` (`usize::MAX`: never). Every value is
+    /// allowed.
+    pub fn direct_copy_min(self, bytes: usize) -> Config {
+        Config {
+            direct_copy_min: bytes,
             ..self
         }
     }

@@ -220,9 +220,13 @@ fn explain_names_the_route_that_runs() {
         "shm one-shot",
         "what allreduce-perf prints"
     );
-    // Other collectives run schedules over the rings.
+    // All-gather, reduce-scatter, broadcast and reduce are staged through the area; gather,
+    // scatter and all-to-all run schedules over the rings.
     let bcast = Plan::new(Collective::Broadcast, 10, DataType::F32);
-    assert!(matches!(route(&shm[1], bcast), Route::Schedule(_)));
+    assert_eq!(route(&shm[1], bcast), Route::Area(Way::Staged));
+    assert_eq!(route(&shm[1], bcast).name(), "shm staged");
+    let gather = Plan::new(Collective::Gather, 10, DataType::F32);
+    assert!(matches!(route(&shm[1], gather), Route::Schedule(_)));
 
     let tcp = Communicator::init_local(
         2,

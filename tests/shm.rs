@@ -123,6 +123,145 @@ fn every_path_over_shared_memory_matches_the_reference() {
     ));
 }
 
+/// Counts (per rank's block) for the other area collectives: empty, tiny, uneven, and past one
+/// staged piece (1 MiB per rank for all-gather, broadcast and reduce; 1 MiB / n for
+/// reduce-scatter) and one direct copy part (1 MiB).
+const BLOCK_COUNTS: [usize; 5] = [0, 1, 7, 3001, 300_007];
+
+/// All-gather, reduce-scatter, broadcast and reduce (both placements, several operators and
+/// roots), with area all-reduces between them, checked against results computed here.
+fn check_area_collectives(comms: &[Communicator]) {
+    let n = comms.len();
+    let results = on_each(comms, |c| -> Result<(), String> {
+        let r = c.rank();
+        let fail = |what: &str, count: usize| format!("rank {r}: {what} of {count} is wrong");
+        for count in BLOCK_COUNTS {
+            let val = |q: usize, i: usize| value(q, i) as f32;
+            // all-gather, out of place and in place
+            let mine: Vec<f32> = (0..count).map(|i| val(r, i)).collect();
+            let gathered: Vec<f32> = (0..n * count)
+                .map(|j| val(j / count.max(1), j % count.max(1)))
+                .collect();
+            let mut out = vec![f32::NAN; n * count];
+            c.all_gather(&mine, &mut out)
+                .map_err(|e| format!("all_gather {count}: {e}"))?;
+            if out != gathered {
+                return Err(fail("all_gather", count));
+            }
+            let mut buf = vec![f32::NAN; n * count];
+            buf[r * count..(r + 1) * count].copy_from_slice(&mine);
+            c.all_gather_in_place(&mut buf)
+                .map_err(|e| format!("all_gather_in_place {count}: {e}"))?;
+            if buf != gathered {
+                return Err(fail("in-place all_gather", count));
+            }
+            // reduce-scatter: sum out of place, max in place, avg
+            let input: Vec<f32> = (0..n * count).map(|j| val(r, j)).collect();
+            let block = |f: &dyn Fn(&mut dyn Iterator<Item = i64>) -> i64| -> Vec<f32> {
+                (r * count..(r + 1) * count)
+                    .map(|j| f(&mut (0..n).map(|q| value(q, j))) as f32)
+                    .collect()
+            };
+            let sum = block(&|it| it.sum());
+            let max = block(&|it| it.max().unwrap_or(0));
+            let mut out = vec![f32::NAN; count];
+            c.reduce_scatter(&input, &mut out, ReduceOp::Sum)
+                .map_err(|e| format!("reduce_scatter {count}: {e}"))?;
+            if out != sum {
+                return Err(fail("reduce_scatter sum", count));
+            }
+            let mut buf = input.clone();
+            c.reduce_scatter_in_place(&mut buf, ReduceOp::Max)
+                .map_err(|e| format!("reduce_scatter_in_place {count}: {e}"))?;
+            if buf[r * count..(r + 1) * count] != max[..] {
+                return Err(fail("in-place reduce_scatter max", count));
+            }
+            c.reduce_scatter(&input, &mut out, ReduceOp::Avg)
+                .map_err(|e| format!("reduce_scatter avg {count}: {e}"))?;
+            if out
+                .iter()
+                .zip(&sum)
+                .any(|(a, s)| (a - s / n as f32).abs() > 1e-5)
+            {
+                return Err(fail("reduce_scatter avg", count));
+            }
+            // An all-reduce between them keeps the area's turns in step.
+            let mut one = vec![1i32; 3];
+            c.all_reduce_in_place(&mut one, ReduceOp::Sum)
+                .map_err(|e| format!("all_reduce: {e}"))?;
+            if one != vec![n as i32; 3] {
+                return Err(format!("rank {r}: all_reduce between is wrong"));
+            }
+            // broadcast from the last rank, out of place and in place from rank 0
+            let root = n - 1;
+            let from = |q: usize| -> Vec<f32> { (0..count).map(|i| val(q, i)).collect() };
+            let mut out = vec![f32::NAN; count];
+            c.broadcast(&mine, &mut out, root)
+                .map_err(|e| format!("broadcast {count}: {e}"))?;
+            if out != from(root) {
+                return Err(fail("broadcast", count));
+            }
+            let mut buf = if r == 0 {
+                mine.clone()
+            } else {
+                vec![f32::NAN; count]
+            };
+            c.broadcast_in_place(&mut buf, 0)
+                .map_err(|e| format!("broadcast_in_place {count}: {e}"))?;
+            if buf != from(0) {
+                return Err(fail("in-place broadcast", count));
+            }
+            // reduce to rank 1: sum out of place, i32 product in place (the input elsewhere
+            // stays as it was)
+            let all: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| value(q, i)).sum::<i64>() as f32)
+                .collect();
+            let mut out = vec![f32::NAN; count];
+            c.reduce(&mine, &mut out, ReduceOp::Sum, 1)
+                .map_err(|e| format!("reduce {count}: {e}"))?;
+            if r == 1 && out != all {
+                return Err(fail("reduce", count));
+            }
+            let ints: Vec<i32> = (0..count).map(|i| value(r, i) as i32).collect();
+            let mut buf = ints.clone();
+            c.reduce_in_place(&mut buf, ReduceOp::Prod, 1)
+                .map_err(|e| format!("reduce_in_place {count}: {e}"))?;
+            let prod: Vec<i32> = (0..count)
+                .map(|i| (0..n).fold(1i32, |p, q| p.wrapping_mul(value(q, i) as i32)))
+                .collect();
+            if (r == 1 && buf != prod) || (r != 1 && buf != ints) {
+                return Err(fail("in-place reduce prod", count));
+            }
+        }
+        Ok(())
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+#[test]
+fn all_gather_reduce_scatter_broadcast_and_reduce_through_the_area_match_the_reference() {
+    for n in [2, 3, 4] {
+        let comms = shm(n, Config::default());
+        // The route is the area's: staged by default, direct when asked (and able).
+        let plan = oxccl::algo::Plan::new(
+            oxccl::algo::Collective::AllGather,
+            1 << 20,
+            oxccl::DataType::F32,
+        );
+        assert_eq!(comms[0].explain(&plan).route.name(), "shm staged");
+        check_area_collectives(&comms);
+        drop(comms);
+        let comms = shm(n, Config::default().direct_copy_min(0));
+        if comms[0].explain(&plan).route.name() != "shm direct" {
+            eprintln!("skipped: direct: ranks cannot reach each other's memory here");
+            continue;
+        }
+        check_area_collectives(&comms);
+    }
+}
+
 #[test]
 fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
     for large in [false, true] {

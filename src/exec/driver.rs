@@ -390,7 +390,7 @@ impl Engine {
                 let flags = self.flags.clone();
                 let mut turns = self.area_turns;
                 let timeout = self.timeout;
-                let r = area.all_reduce(
+                let r = area.run(
                     self,
                     &flags,
                     (seq, &mut turns),

@@ -12,9 +12,10 @@
 //! [`Way::Direct`]).
 //!
 //! The size rules are taken from the α-β table in `docs/cost-model.md` and the measured
-//! crossovers in the README (one-shot up to 16 KiB, direct from `OXCCL_DIRECT_MIN` to
-//! `OXCCL_DIRECT_MAX` and in place at any size, two-shot beyond); the measured cost model
-//! replaces them later. `OXCCL_ALGO` forces a schedule algorithm wherever that algorithm
+//! crossovers in the README (all-reduce: one-shot up to 16 KiB, direct from `OXCCL_DIRECT_MIN`
+//! to `OXCCL_DIRECT_MAX` and in place at any size, two-shot beyond; all-gather,
+//! reduce-scatter, broadcast and reduce: staged, or direct from `OXCCL_DIRECT_COPY_MIN`); the
+//! measured cost model replaces them later. `OXCCL_ALGO` forces a schedule algorithm wherever that algorithm
 //! implements the collective.
 
 use crate::algo::{Algorithm, Choice, Collective, Plan};
@@ -38,7 +39,8 @@ pub struct Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Route {
-    /// Through the shared group area of ranks on one host (all-reduce only), one of its ways.
+    /// Through the shared group area of ranks on one host (all-reduce, all-gather,
+    /// reduce-scatter, broadcast, reduce), one of its ways.
     Area(Way),
     /// An `algo` schedule run over the links with this algorithm and slicing.
     Schedule(Choice),
@@ -57,6 +59,9 @@ pub enum Way {
     Direct,
     /// Reduce-scatter then all-gather through shared buffers, piece by piece.
     TwoShot,
+    /// The collectives other than all-reduce through shared buffers, piece by piece: each
+    /// rank publishes what the others need and copies (or folds) what it needs.
+    Staged,
 }
 
 impl Way {
@@ -66,6 +71,7 @@ impl Way {
             Way::OneShot => "one-shot",
             Way::Direct => "direct",
             Way::TwoShot => "two-shot",
+            Way::Staged => "staged",
         }
     }
 }
@@ -126,6 +132,25 @@ pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config) -> Decision {
             why,
         };
     }
+    if means.area && on_area(plan.collective) && config.algorithm.is_none() {
+        let (way, why) = if means.direct && bytes >= config.direct_copy_min {
+            (
+                Way::Direct,
+                "from OXCCL_DIRECT_COPY_MIN: one copy per byte, by the kernel",
+            )
+        } else if means.direct {
+            (
+                Way::Staged,
+                "below OXCCL_DIRECT_COPY_MIN: through the area, user-space copies",
+            )
+        } else {
+            (Way::Staged, "ranks cannot reach each other's memory")
+        };
+        return Decision {
+            route: Route::Area(way),
+            why,
+        };
+    }
     let (algorithm, why) = match config.algorithm {
         Some(a) if a.supports(plan.collective) => (a, "forced by OXCCL_ALGO"),
         _ => default_algorithm(plan.collective, bytes, means.nranks),
@@ -137,6 +162,17 @@ pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config) -> Decision {
         route: Route::Schedule(choice),
         why,
     }
+}
+
+/// Whether `c`, other than all-reduce, has ways through the shared group area.
+fn on_area(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::Broadcast
+            | Collective::Reduce
+    )
 }
 
 fn default_algorithm(collective: Collective, bytes: usize, n: usize) -> (Algorithm, &'static str) {
@@ -194,7 +230,9 @@ mod tests {
                         Route::Schedule(choice) => {
                             assert!(choice.algorithm.supports(c), "{c} -> {}", choice.algorithm)
                         }
-                        Route::Area(_) => assert!(m.area && c == Collective::AllReduce),
+                        Route::Area(_) => {
+                            assert!(m.area && (c == Collective::AllReduce || on_area(c)))
+                        }
                     }
                     let forced = Config::default().algorithm(Some(Algorithm::Tree));
                     let Route::Schedule(choice) = decide(&plan, &m, &forced).route else {
@@ -226,6 +264,39 @@ mod tests {
         assert_eq!(way(8 << 20, false, true), Way::TwoShot);
         assert_eq!(way(8 << 20, true, true), Way::Direct);
         assert_eq!(way(1 << 20, false, false), Way::TwoShot);
+        // The other collectives that have area ways: staged unless told to reach peers
+        // directly from a size, and able to.
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            let way = |bytes: usize, config: &Config, direct: bool| {
+                let plan = Plan::new(coll, bytes / 4, DataType::F32);
+                match decide(&plan, &means(3, true, direct), config).route {
+                    Route::Area(w) => w,
+                    r => panic!("{coll}: {r:?}"),
+                }
+            };
+            assert_eq!(way(64 << 20, &c, true), Way::Staged);
+            let from_1m = c.clone().direct_copy_min(1 << 20);
+            assert_eq!(way((1 << 20) - 4, &from_1m, true), Way::Staged);
+            assert_eq!(way(1 << 20, &from_1m, true), Way::Direct);
+            assert_eq!(way(1 << 20, &from_1m, false), Way::Staged);
+        }
+        // Gather, scatter, all-to-all and barrier run schedules.
+        for coll in [
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
+        ] {
+            let plan = Plan::new(coll, 1000, DataType::F32);
+            assert!(matches!(
+                decide(&plan, &means(3, true, true), &c).route,
+                Route::Schedule(_)
+            ));
+        }
         // The slice size is the communicator's, whatever was configured.
         let plan = Plan::new(Collective::Broadcast, 10, DataType::F32);
         let m = Means {

@@ -1,41 +1,46 @@
-//! The direct all-reduce: ranks reach each other's buffers with `process_vm_readv`/
-//! `process_vm_writev`, each reducing its slice and writing the result into every peer's
-//! output; and how a rank that gives up makes sure no peer touches its buffers any more.
+//! The direct way: ranks reach each other's buffers with `process_vm_readv`/
+//! `process_vm_writev`. Reductions (all-reduce, reduce, reduce-scatter): each rank reduces its
+//! slice, reading it from every peer's input, and writes the result where it belongs — every
+//! output (all-reduce), the root's (reduce), its own (reduce-scatter, where its slice is its
+//! block). Copies (all-gather, broadcast): each rank reads what it lacks straight into its
+//! output, one copy per byte. And how a rank that gives up makes sure no peer touches its
+//! buffers any more.
 
 use std::time::Instant;
 
 use super::waiter::CHECK_EVERY;
-use super::{AreaPath, PART_BYTES, Waiter, slicer};
-use crate::algo::Plan;
+use super::{AreaPath, Blocks, PART_BYTES, Waiter, slicer};
+use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::{cpu, stream};
 use crate::types::{Rank, ReduceOp};
 
-/// Direct all-reduces at least this large write their output (out of place: nobody touched it
+/// Direct reductions at least this large write their output (out of place: nobody touched it
 /// lately) with non-temporal stores.
 const STREAM_MIN: usize = 256 * 1024;
+/// Bytes a direct copy reads from a peer between two looks at whether anyone gave up.
+const COPY_PART: usize = 1 << 20;
 
 impl AreaPath {
-    /// The direct all-reduce: see the module's documentation. Returns `Ok(false)` when some
-    /// rank did not ask for it (then nobody touched anyone's memory).
+    /// The direct way for `plan`: see the module's documentation. Returns `Ok(false)` when
+    /// some rank did not ask for it (then nobody touched anyone's memory).
     ///
     /// Peers reach this rank's buffers from the moment it publishes their addresses. So once
     /// published, it returns — with a result or an error — only when no peer can touch them
     /// any more: on success, once every rank finished (left its loop); on any error, after
     /// [`AreaPath::stop_touching`].
-    pub(super) fn direct_all_reduce(
+    pub(super) fn go_direct(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
         plan: &Plan,
-        input: (*const u8, usize),
-        output: (*mut u8, usize),
+        blocks: &Blocks,
         want: bool,
     ) -> Result<bool> {
         // A panic between publishing and returning must not hand back memory peers still
         // write: stop touching first, then let it go on.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.direct_inner(w, turn, plan, input, output, want)
+            self.direct_inner(w, turn, plan, blocks, want)
         }));
         match r {
             Ok(Ok(direct)) => Ok(direct),
@@ -45,7 +50,7 @@ impl AreaPath {
             }
             Err(panic) => {
                 let e = Error::InvalidArgument(format!(
-                    "rank {}: {}: the direct all-reduce panicked",
+                    "rank {}: {}: the direct way panicked",
                     self.rank, w.name
                 ));
                 self.stop_touching(w, turn, &e);
@@ -59,25 +64,20 @@ impl AreaPath {
         w: &mut Waiter<'_>,
         turn: u64,
         plan: &Plan,
-        input: (*const u8, usize),
-        output: (*mut u8, usize),
+        b: &Blocks,
         want: bool,
     ) -> Result<bool> {
-        let (n, me) = (self.area.len(), self.rank);
-        let size = plan.dtype.size();
-        let bytes = plan.count * size;
-        let slice = slicer(plan.count, n, size);
-        let part = PART_BYTES / size * size;
-        let stream = !std::ptr::eq(input.0, output.0) && bytes >= STREAM_MIN;
-
+        let me = self.rank;
+        let n = self.area.len();
         // Publish our buffers' addresses and whether we would go direct.
         let mut addrs = [0u8; 24];
-        addrs[..8].copy_from_slice(&(input.0 as u64).to_le_bytes());
-        addrs[8..16].copy_from_slice(&(output.0 as u64).to_le_bytes());
+        addrs[..8].copy_from_slice(&(b.src as u64).to_le_bytes());
+        addrs[8..16].copy_from_slice(&(b.dst as u64).to_le_bytes());
         addrs[16..].copy_from_slice(&u64::from(want).to_le_bytes());
         let mut peer_addrs: Vec<(usize, usize)> = Vec::with_capacity(n);
         let mut everyone = true;
-        self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), bytes, |_, data| {
+        let len = plan.count * plan.dtype.size();
+        self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), len, |_, data| {
             let mut a = [0u8; 24];
             // SAFETY: every publication of this turn carries 24 bytes (the descriptors
             // matched, so every rank took this path).
@@ -95,75 +95,16 @@ impl AreaPath {
             // Nobody touches anyone's memory: every rank saw the same publications.
             return Ok(false);
         }
-        // A failed read means the peer died or unmapped memory it promised to keep: either
-        // way it failed.
-        let opname = w.name.to_string();
-        let reach_err = |peer: Rank, e: std::io::Error| Error::PeerFailed {
-            rank: me,
-            peer,
-            op: opname.clone(),
-            cause: format!("reaching its memory directly failed: {e}"),
-        };
 
         // From here this rank may touch peers' memory: say so before looking whether anyone
         // gave up (the order that makes `stop_touching` sound).
         self.area.enter(turn);
-        // Our slice, part by part: read each peer's input into cache, fold, then write the
-        // result to our output and straight into every peer's output. Writing a peer's
-        // buffer is safe in place too: only we read that slice of it, and we just did.
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        scratch.resize(2 * PART_BYTES / 8, 0);
-        let (tmp, acc) =
-            bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES);
-        let (lo, hi) = slice(me);
-        let mut at = lo;
-        while at < hi {
-            // Before touching any peer: has anyone given up, aborted, timed out, failed?
-            w.check_running(turn)?;
-            let len = part.min(hi - at);
-            let (tmp, acc) = (&mut tmp[..len], &mut acc[..len]);
-            for (k, q) in (1..n).map(|k| (k, (me + k) % n)) {
-                // SAFETY: `tmp` is ours; the kernel checks the peer's range, which the peer
-                // keeps valid and unchanged until every rank finishes this turn or stops
-                // touching it (`stop_touching`), and no rank gave up when we last looked.
-                unsafe {
-                    self.area
-                        .read_from(q, peer_addrs[q].0 + at, tmp.as_mut_ptr(), len)
-                }
-                .map_err(|e| reach_err(q, e))?;
-                if k == 1 {
-                    // SAFETY: `input` holds `bytes` bytes.
-                    let mine = unsafe { std::slice::from_raw_parts(input.0.add(at), len) };
-                    cpu::reduce_into_bytes(acc, mine, tmp, plan.dtype, plan.op.combiner())?;
-                } else {
-                    cpu::reduce_bytes(acc, tmp, plan.dtype, plan.op.combiner())?;
-                }
+        match plan.collective {
+            Collective::AllGather | Collective::Broadcast => {
+                self.direct_copy(w, turn, plan, b, &peer_addrs)?
             }
-            if plan.op == ReduceOp::Avg {
-                cpu::divide_bytes(acc, plan.dtype, n)?;
-            }
-            // SAFETY: `output` holds `bytes` bytes; `input` is either the same memory, whose
-            // range we are done reading, or disjoint from it.
-            let out = unsafe { std::slice::from_raw_parts_mut(output.0.add(at), len) };
-            if stream {
-                stream::copy_streaming(out, acc);
-            } else {
-                // In place, these lines were just read: they are in cache.
-                out.copy_from_slice(acc);
-            }
-            for q in (1..n).map(|k| (me + k) % n) {
-                // SAFETY: `acc` is ours; the peer keeps its output valid until every rank
-                // finishes this turn or stops touching it, and does not touch this range of
-                // it meanwhile.
-                unsafe {
-                    self.area
-                        .write_to(q, peer_addrs[q].1 + at, acc.as_ptr(), len)
-                }
-                .map_err(|e| reach_err(q, e))?;
-            }
-            at += len;
+            _ => self.direct_fold(w, turn, plan, b, &peer_addrs)?,
         }
-        drop(scratch);
 
         // Done touching peers; they reach our buffers until they finish too: the caller gets
         // them back only then. A rank that gave up instead never finishes.
@@ -184,7 +125,168 @@ impl AreaPath {
         }
     }
 
-    /// After an error in a direct all-reduce whose addresses this rank published: tells every
+    /// The error for a failed read or write of peer `peer`'s memory: the peer died or
+    /// unmapped memory it promised to keep; either way it failed.
+    fn reach_err(&self, w: &Waiter<'_>, peer: Rank, e: std::io::Error) -> Error {
+        Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op: w.name.to_string(),
+            cause: format!("reaching its memory directly failed: {e}"),
+        }
+    }
+
+    /// A direct reduction: our slice, part by part — read each peer's input into cache, fold,
+    /// then write the result to our output and straight into the peers' outputs that want it.
+    /// Writing a peer's buffer is safe in place too: only we read that slice of it, and we
+    /// just did.
+    fn direct_fold(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        peer_addrs: &[(usize, usize)],
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let (lo, hi) = slicer(plan.count, n, plan.dtype.size())(me);
+        let (range, to): ((usize, usize, usize), Vec<Rank>) = match plan.collective {
+            // Our slice is our block, and its result is ours alone.
+            Collective::ReduceScatter => {
+                let lo = me * b.block;
+                ((lo, lo + b.block, lo), Vec::new())
+            }
+            Collective::Reduce if plan.root == me => ((lo, hi, 0), Vec::new()),
+            Collective::Reduce => ((lo, hi, 0), vec![plan.root]),
+            _ => ((lo, hi, 0), (1..n).map(|k| (me + k) % n).collect()),
+        };
+        self.fold_parts(w, turn, plan, b, peer_addrs, range, &to)
+    }
+
+    /// Folds input bytes `lo..hi` of every rank, part by part, into our output at `at - shift`
+    /// (when we have one) and into the outputs of `to` at `at`.
+    #[allow(clippy::too_many_arguments)]
+    fn fold_parts(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        peer_addrs: &[(usize, usize)],
+        (lo, hi, shift): (usize, usize, usize),
+        to: &[Rank],
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let size = plan.dtype.size();
+        let part = PART_BYTES / size * size;
+        let stream = !b.in_place && plan.count * size >= STREAM_MIN;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        scratch.resize(2 * PART_BYTES / 8, 0);
+        let (tmp, acc) =
+            bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES);
+        let mut at = lo;
+        while at < hi {
+            // Before touching any peer: has anyone given up, aborted, timed out, failed?
+            w.check_running(turn)?;
+            let len = part.min(hi - at);
+            let (tmp, acc) = (&mut tmp[..len], &mut acc[..len]);
+            // SAFETY: our input holds our slice (`Blocks::of` checked its length).
+            let mine = unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
+            if n == 1 {
+                acc.copy_from_slice(mine);
+            }
+            for (k, q) in (1..n).map(|k| (k, (me + k) % n)) {
+                // SAFETY: `tmp` is ours; the kernel checks the peer's range, which the peer
+                // keeps valid and unchanged until every rank finishes this turn or stops
+                // touching it (`stop_touching`), and no rank gave up when we last looked.
+                unsafe {
+                    self.area
+                        .read_from(q, peer_addrs[q].0 + at, tmp.as_mut_ptr(), len)
+                }
+                .map_err(|e| self.reach_err(w, q, e))?;
+                if k == 1 {
+                    cpu::reduce_into_bytes(acc, mine, tmp, plan.dtype, plan.op.combiner())?;
+                } else {
+                    cpu::reduce_bytes(acc, tmp, plan.dtype, plan.op.combiner())?;
+                }
+            }
+            if plan.op == ReduceOp::Avg {
+                cpu::divide_bytes(acc, plan.dtype, n)?;
+            }
+            if !b.dst.is_null() {
+                // SAFETY: our output holds this range (`Blocks::of`); the input is either the
+                // same memory, whose range we are done reading, or disjoint from it.
+                let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at - shift), len) };
+                if stream {
+                    stream::copy_streaming(out, acc);
+                } else {
+                    // In place, these lines were just read: they are in cache.
+                    out.copy_from_slice(acc);
+                }
+            }
+            for &q in to {
+                // SAFETY: `acc` is ours; the peer keeps its output valid until every rank
+                // finishes this turn or stops touching it, and does not touch this range of
+                // it meanwhile.
+                unsafe {
+                    self.area
+                        .write_to(q, peer_addrs[q].1 + at, acc.as_ptr(), len)
+                }
+                .map_err(|e| self.reach_err(w, q, e))?;
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// A direct copy: all-gather reads every peer's block into ours, broadcast the root's
+    /// data; ours is copied locally when not in place.
+    fn direct_copy(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        peer_addrs: &[(usize, usize)],
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let block = b.block;
+        let (local_at, from): (usize, Vec<(Rank, usize)>) = match plan.collective {
+            Collective::AllGather => (
+                me * block,
+                (1..n)
+                    .map(|k| (me + k) % n)
+                    .map(|q| (q, q * block))
+                    .collect(),
+            ),
+            _ if me == plan.root => (0, Vec::new()),
+            _ => (0, vec![(plan.root, 0)]),
+        };
+        let has_own = plan.collective == Collective::AllGather || me == plan.root;
+        if has_own && !b.in_place && block > 0 {
+            // SAFETY: our source holds our block and our output the whole result
+            // (`Blocks::of`); out of place they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(b.src, b.dst.add(local_at), block) };
+        }
+        for (q, to) in from {
+            let mut at = 0;
+            while at < block {
+                w.check_running(turn)?;
+                let len = COPY_PART.min(block - at);
+                // SAFETY: our output holds `to + block` bytes, which nobody else touches
+                // meanwhile; the peer keeps its source valid as in `fold_parts`.
+                unsafe {
+                    self.area
+                        .read_from(q, peer_addrs[q].0 + at, b.dst.add(to + at), len)
+                }
+                .map_err(|e| self.reach_err(w, q, e))?;
+                at += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// After an error in a direct call whose addresses this rank published: tells every
     /// rank it gave up, stops touching peers, and waits until no peer can touch this rank's
     /// buffers — every peer has left its loop, or exited. Peers look before every part (a few
     /// dozen microseconds of copying), so this is prompt; it has no deadline of its own and

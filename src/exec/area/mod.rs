@@ -14,6 +14,11 @@
 //!   copies, and copies every other slice's result from its owner's buffer. All copies are
 //!   user-space streams, which is what wins once the buffers no longer fit in cache.
 //!
+//! All-gather, reduce-scatter, broadcast and reduce have two ways: staged (through the area in
+//! pieces, user-space copies; see [`staged`]) and direct (each rank reads what it needs from
+//! peers' buffers with `process_vm_readv`, reductions writing results where they belong; see
+//! [`direct`]).
+//!
 //! The crossovers were measured on the reference machine (see the README's performance section).
 //!
 //! Each element's result is folded once, by its slice's owner, and copied to everyone (one-shot:
@@ -22,8 +27,8 @@
 //! notices, and a peer that started another collective (its descriptor arrives on a link) —
 //! which is reported as a mismatch, as in the engine.
 //!
-//! Each way has its file: [`one_shot`], [`two_shot`], [`direct`]; [`waiter`] is how they wait
-//! on each other with the engine's guarantees.
+//! Each way has its file: [`one_shot`], [`two_shot`], [`staged`], [`direct`]; [`waiter`] is how
+//! they wait on each other with the engine's guarantees.
 //!
 //! [`Config::direct_min`]: crate::Config::direct_min
 //! [`Config::direct_max`]: crate::Config::direct_max
@@ -37,7 +42,7 @@ use super::descriptor::Descriptor;
 use super::driver::Engine;
 use super::flags::Flags;
 use super::op::OpName;
-use crate::algo::{Algorithm, Plan};
+use crate::algo::{Algorithm, Collective, Plan};
 use crate::error::{Error, Result};
 use crate::tune::Way;
 use crate::types::Rank;
@@ -45,6 +50,7 @@ use waiter::Waiter;
 
 mod direct;
 mod one_shot;
+mod staged;
 mod two_shot;
 mod waiter;
 
@@ -104,6 +110,7 @@ impl AreaPath {
     fn protocol(&self, way: Way) -> Protocol {
         match way {
             Way::OneShot => Protocol::OneShot,
+            Way::Staged => Protocol::TwoShot,
             _ if self.direct => Protocol::Agree {
                 direct: way == Way::Direct,
             },
@@ -111,33 +118,43 @@ impl AreaPath {
         }
     }
 
-    /// Elements per piece of a two-shot all-reduce of `plan`, and how many pieces.
+    /// Elements per piece of a two-shot all-reduce, or of a staged collective, of `plan`;
+    /// and how many pieces (at least one: every call takes a turn, so every call is checked
+    /// against the peers').
     fn piece(&self, plan: &Plan) -> usize {
-        (STAGE_BYTES.min(AREA_BYTES) / plan.dtype.size()).max(1)
+        // A staged reduce-scatter publishes a piece of every peer's block in one buffer.
+        let stage = match plan.collective {
+            Collective::ReduceScatter => STAGE_BYTES / self.area.len().max(1),
+            _ => STAGE_BYTES,
+        };
+        (stage.min(AREA_BYTES) / plan.dtype.size()).max(1)
     }
 
     fn pieces(&self, plan: &Plan) -> usize {
-        plan.count.div_ceil(self.piece(plan))
+        plan.count.div_ceil(self.piece(plan)).max(1)
     }
 
     /// The descriptor collective `seq` carries on this path. Its slice size tells the ways
-    /// apart (the whole message one-shot, a piece two-shot, a part direct), so ranks whose
-    /// settings send one call different ways fail with a mismatch instead of misreading
+    /// apart (the whole message one-shot, a piece two-shot or staged, a part direct), so ranks
+    /// whose settings send one call different ways fail with a mismatch instead of misreading
     /// each other's publications.
     fn descriptor(&self, seq: u64, plan: &Plan, protocol: Protocol) -> Descriptor {
         let unit = match protocol {
-            Protocol::OneShot => plan.count * plan.dtype.size(),
-            Protocol::TwoShot => self.piece(plan) * plan.dtype.size(),
+            Protocol::OneShot if plan.collective == Collective::AllReduce => {
+                plan.count * plan.dtype.size()
+            }
+            Protocol::OneShot | Protocol::TwoShot => self.piece(plan) * plan.dtype.size(),
             Protocol::Agree { .. } => PART_BYTES,
         };
         Descriptor::collective(seq, plan, Algorithm::Direct, unit)
     }
 
-    /// All-reduce `input` into `output` (which may be the same memory) as collective `seq`,
-    /// using the area's turns from `*turns` on and advancing it past those used (collectives
-    /// on the engine do not touch the area, so its turns are counted apart).
+    /// Runs `plan` (all-reduce, reduce-scatter, all-gather, broadcast or reduce) on `input`
+    /// and `output` (as [`Collective`]'s table says; in place both are the whole buffer) as
+    /// collective `seq`, using the area's turns from `*turns` on and advancing it past those
+    /// used (collectives on the engine do not touch the area, so its turns are counted apart).
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
+    pub fn run(
         &self,
         engine: &mut Engine,
         flags: &Flags,
@@ -150,14 +167,12 @@ impl AreaPath {
         let name = OpName::Collective(plan.collective, seq);
         let protocol = self.protocol(way);
         let ours = self.descriptor(seq, plan, protocol);
-        let bytes = plan.count * plan.dtype.size();
-        if input.1 < bytes || output.1 < bytes {
+        let Some(blocks) = Blocks::of(plan, self.rank, self.area.len(), input, output) else {
             return Err(Error::InvalidArgument(format!(
-                "rank {}: {name}: buffers too small",
+                "rank {}: {name}: buffers too small or not for this path",
                 self.rank
             )));
-        }
-        let in_place = std::ptr::eq(input.0, output.0);
+        };
         let mut w = Waiter::new(
             engine,
             flags,
@@ -171,12 +186,22 @@ impl AreaPath {
             *turns += 1;
             *turns - 1
         };
+        if plan.collective != Collective::AllReduce {
+            if let Protocol::Agree { direct } = protocol
+                && self.go_direct(&mut w, next(), plan, &blocks, direct)?
+            {
+                return Ok(());
+            }
+            return self.staged(&mut w, &mut next, plan, &blocks);
+        }
+        let (input, output) = ((blocks.src, blocks.block), (blocks.dst, blocks.block));
+        let in_place = blocks.in_place;
         match protocol {
             Protocol::OneShot => {
                 return self.small_all_reduce(&mut w, next(), plan, input, output);
             }
             Protocol::Agree { direct } => {
-                if self.direct_all_reduce(&mut w, next(), plan, input, output, direct)? {
+                if self.go_direct(&mut w, next(), plan, &blocks, direct)? {
                     return Ok(());
                 }
                 // Someone would rather not: two-shot after all.
@@ -186,9 +211,9 @@ impl AreaPath {
         let (size, piece) = (plan.dtype.size(), self.piece(plan));
         for k in 0..self.pieces(plan) {
             let at = k * piece;
-            let count = piece.min(plan.count - at);
-            // SAFETY: both buffers hold `bytes` bytes (checked above); the piece is inside
-            // them.
+            let count = piece.min(plan.count - at.min(plan.count));
+            // SAFETY: both buffers hold `count · size` bytes (checked by `Blocks::of`); the
+            // piece is inside them.
             let (i, o) = unsafe { (input.0.add(at * size), output.0.add(at * size)) };
             let part = (count * size, in_place);
             self.two_shot_piece(&mut w, next(), plan, part, i, o)?;
@@ -268,5 +293,74 @@ fn slicer(count: usize, n: usize, size: usize) -> impl Fn(usize) -> (usize, usiz
     move |q| {
         let lo = q * per + q.min(extra);
         (lo * size, (lo + per + usize::from(q < extra)) * size)
+    }
+}
+
+/// This rank's regions for one call through the area, from the caller's buffers as
+/// [`Collective`]'s table lays them out. Pointers are only dereferenced for non-empty ranges.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Blocks {
+    /// What this rank contributes: the whole input (all-reduce, reduce, reduce-scatter), its
+    /// block (all-gather), the data (broadcast, at the root; null elsewhere).
+    src: *const u8,
+    /// Where its result lands: the whole output (all-reduce, all-gather, broadcast, reduce at
+    /// the root; null at the others), its block (reduce-scatter).
+    dst: *mut u8,
+    /// `src` and `dst` share memory: the same bytes, or one a block of the other.
+    in_place: bool,
+    /// Bytes of one rank's block (count × element size).
+    block: usize,
+}
+
+impl Blocks {
+    /// The regions of `plan` on rank `me` of `n`; `None` if a buffer is too small or the
+    /// collective does not run through the area.
+    fn of(
+        plan: &Plan,
+        me: Rank,
+        n: usize,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Option<Blocks> {
+        let block = plan.count.checked_mul(plan.dtype.size())?;
+        let whole = block.checked_mul(n)?;
+        let root = me == plan.root;
+        let none = std::ptr::null_mut();
+        // (src, bytes it must hold, dst, bytes it must hold)
+        let (src, src_len, dst, dst_len) = match plan.collective {
+            Collective::AllReduce => (input.0, block, output.0, block),
+            Collective::Reduce if root => (input.0, block, output.0, block),
+            Collective::Reduce => (input.0, block, none, 0),
+            Collective::Broadcast if root => (input.0, block, output.0, block),
+            Collective::Broadcast => (std::ptr::null(), 0, output.0, block),
+            Collective::AllGather if plan.in_place => {
+                // Our block is already in place: the input is the whole buffer.
+                (
+                    output.0.wrapping_add(me * block).cast_const(),
+                    0,
+                    output.0,
+                    whole,
+                )
+            }
+            Collective::AllGather => (input.0, block, output.0, whole),
+            Collective::ReduceScatter if plan.in_place => {
+                (input.0, whole, output.0.wrapping_add(me * block), 0)
+            }
+            Collective::ReduceScatter => (input.0, whole, output.0, block),
+            _ => return None,
+        };
+        if input.1 < src_len || output.1 < dst_len {
+            return None;
+        }
+        let in_place = match plan.collective {
+            Collective::AllGather | Collective::ReduceScatter => plan.in_place,
+            _ => !dst.is_null() && std::ptr::eq(src, dst.cast_const()),
+        };
+        Some(Blocks {
+            src,
+            dst,
+            in_place,
+            block,
+        })
     }
 }

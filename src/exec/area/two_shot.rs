@@ -8,11 +8,11 @@ use crate::reduce::{cpu, stream};
 use crate::types::ReduceOp;
 
 /// Bytes reduced before the result is copied out (it is still in L1 then).
-const FOLD_BYTES: usize = 32 * 1024;
+pub(super) const FOLD_BYTES: usize = 32 * 1024;
 /// Two-shot all-reduces at least this large, counting the whole message, write their output
 /// (out of place) with non-temporal stores, as direct ones do from their own threshold: below
 /// it, inputs and outputs fit in cache together and normal stores win.
-const STAGED_STREAM_MIN: usize = 8 << 20;
+pub(super) const STAGED_STREAM_MIN: usize = 8 << 20;
 
 impl AreaPath {
     /// One piece of a two-shot all-reduce, `bytes` long at `input`/`output` (the same memory

@@ -1,0 +1,261 @@
+//! The staged way of the collectives other than all-reduce, one area turn per piece and
+//! user-space copies only (the way for small messages, and for every size where ranks cannot
+//! reach each other's memory):
+//!
+//! - all-gather: each rank publishes its piece; everybody copies everybody's;
+//! - broadcast: the root publishes its piece; the others copy it;
+//! - reduce: each rank publishes its piece; the root folds them all, in rank order;
+//! - reduce-scatter: each rank copies into its buffer the piece of every peer's block; each
+//!   folds its own block's piece from everybody's copies.
+
+use super::two_shot::{FOLD_BYTES, STAGED_STREAM_MIN};
+use super::{AreaPath, Blocks, Waiter};
+use crate::algo::{Collective, Plan};
+use crate::error::{Error, Result};
+use crate::reduce::{cpu, stream};
+use crate::types::ReduceOp;
+
+impl AreaPath {
+    /// Runs `plan` staged, piece by piece, taking each piece's turn from `next`.
+    pub(super) fn staged(
+        &self,
+        w: &mut Waiter<'_>,
+        next: &mut impl FnMut() -> u64,
+        plan: &Plan,
+        b: &Blocks,
+    ) -> Result<()> {
+        let (size, piece) = (plan.dtype.size(), self.piece(plan));
+        for k in 0..self.pieces(plan) {
+            let at = (k * piece).min(plan.count);
+            let (at, len) = (at * size, piece.min(plan.count - at) * size);
+            match plan.collective {
+                Collective::AllGather => self.gather_piece(w, next(), b, at, len)?,
+                Collective::Broadcast => self.broadcast_piece(w, next(), plan, b, at, len)?,
+                Collective::Reduce => self.reduce_piece(w, next(), plan, b, at, len)?,
+                Collective::ReduceScatter => self.scatter_piece(w, next(), plan, b, at, len)?,
+                c => {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {}: {}: {c} does not run through the shared area",
+                        self.rank, w.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One piece of an all-gather: `len` bytes at `at` of every rank's block.
+    fn gather_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let ours = if len > 0 {
+            // SAFETY: our block holds `at + len` bytes (`Blocks::of`).
+            (unsafe { b.src.add(at) }, len)
+        } else {
+            ([].as_ptr(), 0)
+        };
+        self.exchange(w, turn, ours, len, |r, data| {
+            if len == 0 || (r == self.rank && b.in_place) {
+                return Ok(());
+            }
+            // SAFETY: our output holds every block; `data` is area memory holding `len`
+            // bytes, unchanged until this rank publishes `turn + 1`.
+            unsafe {
+                copy_out(
+                    data,
+                    b.dst.add(r * b.block + at),
+                    len,
+                    b.block * self.area.len(),
+                )
+            };
+            Ok(())
+        })
+    }
+
+    /// One piece of a broadcast: `len` bytes at `at`.
+    fn broadcast_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let root = self.rank == plan.root;
+        let ours = if root && len > 0 {
+            if !b.in_place {
+                // SAFETY: the root's input and output hold `at + len` bytes and do not
+                // overlap out of place.
+                unsafe { copy_out(b.src.add(at), b.dst.add(at), len, b.block) };
+            }
+            // SAFETY: as above.
+            (unsafe { b.src.add(at) }, len)
+        } else {
+            ([].as_ptr(), 0)
+        };
+        self.exchange(w, turn, ours, len, |r, data| {
+            if r == plan.root && !root && len > 0 {
+                // SAFETY: our output holds `at + len` bytes; `data` is the root's area
+                // buffer, holding them until this rank publishes `turn + 1`.
+                unsafe { copy_out(data, b.dst.add(at), len, b.block) };
+            }
+            Ok(())
+        })
+    }
+
+    /// One piece of a reduce: every rank publishes `len` bytes at `at` of its input; the root
+    /// folds them in rank order.
+    fn reduce_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let root = self.rank == plan.root;
+        let ours = if len > 0 {
+            // SAFETY: our input holds `at + len` bytes.
+            (unsafe { b.src.add(at) }, len)
+        } else {
+            ([].as_ptr(), 0)
+        };
+        self.exchange(w, turn, ours, len, |r, data| {
+            if !root || len == 0 {
+                return Ok(());
+            }
+            // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
+            // already published (copied into the area), so nothing reads it any more. `data`
+            // is area memory, disjoint, unchanged until this rank publishes `turn + 1`.
+            let (out, data) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(b.dst.add(at), len),
+                    std::slice::from_raw_parts(data, len),
+                )
+            };
+            if r == 0 {
+                out.copy_from_slice(data);
+            } else {
+                cpu::reduce_bytes(out, data, plan.dtype, plan.op.combiner())?;
+            }
+            Ok(())
+        })?;
+        if root && plan.op == ReduceOp::Avg && len > 0 {
+            // SAFETY: as above.
+            let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
+            cpu::divide_bytes(out, plan.dtype, self.area.len())?;
+        }
+        Ok(())
+    }
+
+    /// One piece of a reduce-scatter: `len` bytes at `at` of every block.
+    fn scatter_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let mine = self.area.my_buffer(turn);
+        if len > 0 {
+            for q in (0..n).filter(|&q| q != me) {
+                // SAFETY: our input holds every block; our buffer holds AREA_BYTES ≥ n · len
+                // (pieces are cut so) and is ours to write (see `exchange`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        b.src.add(q * b.block + at),
+                        mine.add(q * len),
+                        len,
+                    )
+                };
+            }
+        }
+        // The publication says the copies are there.
+        let mut all = Vec::with_capacity(n);
+        self.exchange(w, turn, ([].as_ptr(), 0), len, |_, data| {
+            all.push(data);
+            Ok(())
+        })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let size = plan.dtype.size();
+        let fold = (FOLD_BYTES / size * size).max(size);
+        let mut f = 0;
+        while f < len {
+            let l = fold.min(len - f);
+            // SAFETY: our output holds our block; out of place our input's block is other
+            // memory, in place the very same bytes (then only `out` is formed).
+            let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at + f), l) };
+            let src = b.src.wrapping_add(me * b.block + at + f);
+            let mut peers = (0..n)
+                .filter(|&q| q != me)
+                // SAFETY: peers' buffers hold their copy of our block's piece, unchanged
+                // until they publish `turn + 1`.
+                .map(|q| unsafe { std::slice::from_raw_parts(all[q].add(me * len + f), l) });
+            match (b.in_place, peers.next()) {
+                (true, first) => {
+                    for theirs in first.into_iter().chain(peers) {
+                        cpu::reduce_bytes(out, theirs, plan.dtype, plan.op.combiner())?;
+                    }
+                }
+                (false, first) => {
+                    // SAFETY: out of place, our input's block is readable and disjoint.
+                    let own = unsafe { std::slice::from_raw_parts(src, l) };
+                    match first {
+                        Some(theirs) => {
+                            cpu::reduce_into_bytes(
+                                out,
+                                own,
+                                theirs,
+                                plan.dtype,
+                                plan.op.combiner(),
+                            )?;
+                            for theirs in peers {
+                                cpu::reduce_bytes(out, theirs, plan.dtype, plan.op.combiner())?;
+                            }
+                        }
+                        None => out.copy_from_slice(own),
+                    }
+                }
+            }
+            if plan.op == ReduceOp::Avg {
+                cpu::divide_bytes(out, plan.dtype, n)?;
+            }
+            f += l;
+        }
+        Ok(())
+    }
+}
+
+/// Copies `len` bytes (from area memory, or the root's input) to the caller's output, with
+/// non-temporal stores when the whole output (`total` bytes) is too large to stay in cache.
+///
+/// # Safety
+///
+/// `from` readable and `to` writable for `len` bytes, not overlapping, nobody else writing
+/// either meanwhile.
+unsafe fn copy_out(from: *const u8, to: *mut u8, len: usize, total: usize) {
+    // SAFETY: forwarded from the caller.
+    let (to, from) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(to, len),
+            std::slice::from_raw_parts(from, len),
+        )
+    };
+    if total >= STAGED_STREAM_MIN {
+        stream::copy_streaming(to, from);
+    } else {
+        to.copy_from_slice(from);
+    }
+}

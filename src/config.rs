@@ -6,10 +6,27 @@
 //! parse and then validates, and creating a communicator validates the configuration it is given,
 //! so values set through the builder or the public fields are checked at the same place.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::algo::{Algorithm, Choice};
 use crate::error::{Error, Result};
+use crate::tune::Way;
+
+/// Where the tuner's costs come from ([`Config::tune`], `OXCCL_TUNE`). Rank 0's setting and
+/// file decide for the whole communicator: it hands its table to the others at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Tune {
+    /// The defaults measured on the reference machine (`defaults`).
+    Defaults,
+    /// This host's cached calibration if there is one, else the defaults (`cache`).
+    #[default]
+    Cache,
+    /// As `cache`, but when nothing is cached the ranks calibrate at creation (about a second
+    /// on 2 ranks) and rank 0 caches the result (`calibrate`).
+    Calibrate,
+}
 
 /// How a communicator behaves. Every field has a default; [`Config::from_env`] overrides them
 /// from the environment. The allowed ranges are checked by [`Config::validate`].
@@ -36,21 +53,34 @@ pub struct Config {
     /// [`Config::MAX_SCRATCH_SLOTS`]): scratch memory per communicator is at most a few times
     /// `slice_bytes × scratch_slots`.
     pub scratch_slots: usize,
-    /// All-reduces between ranks of one host of at least this many bytes, up to
-    /// [`Config::direct_max`] (any size in place), read and write each other's memory directly
-    /// by system calls when every rank can (`OXCCL_DIRECT_MIN`, bytes, or `off`; default
-    /// [`Config::DEFAULT_DIRECT_MIN`]); the others go through the shared group area. Ranks that
-    /// are configured differently agree at each call: direct only if every rank would.
-    pub direct_min: usize,
+    /// Fixes the all-reduce's choice between ranks of one host by size instead of the tuner's
+    /// costs (`OXCCL_DIRECT_MIN`, bytes, or `off`; default `None`, the tuner decides): from
+    /// this many bytes up to [`Config::direct_max`] (any size in place) ranks read and write
+    /// each other's memory directly when every rank can; the others go through the shared
+    /// group area. Ranks that are configured differently agree at each call: direct only if
+    /// every rank would.
+    pub direct_min: Option<usize>,
     /// The largest out-of-place all-reduce, in bytes, that reaches peers' memory directly
-    /// (`OXCCL_DIRECT_MAX`; default [`Config::DEFAULT_DIRECT_MAX`]).
-    pub direct_max: usize,
-    /// All-gathers, reduce-scatters, broadcasts and reduces between ranks of one host whose
-    /// per-rank block (the message, for broadcast and reduce) has at least this many bytes
-    /// reach peers' memory directly by system calls, one copy per byte, when every rank can
-    /// (`OXCCL_DIRECT_COPY_MIN`, bytes, or `off`); the others are staged through the shared
-    /// group area. Default [`Config::DEFAULT_DIRECT_COPY_MIN`].
-    pub direct_copy_min: usize,
+    /// under the fixed rule of [`Config::direct_min`] (`OXCCL_DIRECT_MAX`; default `None`:
+    /// the tuner decides, or [`Config::DEFAULT_DIRECT_MAX`] if only `direct_min` is set).
+    pub direct_max: Option<usize>,
+    /// Fixes the choice for all-gathers, reduce-scatters, broadcasts and reduces between
+    /// ranks of one host: those whose per-rank block (the message, for broadcast and reduce)
+    /// has at least this many bytes reach peers' memory directly by system calls, one copy per
+    /// byte, when every rank can; the others are staged through the shared group area
+    /// (`OXCCL_DIRECT_COPY_MIN`, bytes, or `off`; default `None`: the tuner decides). Must be
+    /// the same on every rank (a difference is reported as a mismatch).
+    pub direct_copy_min: Option<usize>,
+    /// Forces one way through the shared group area wherever the call can take it
+    /// (`OXCCL_AREA_WAY`: one-shot, two-shot, direct, staged); for measuring the ways against
+    /// each other. Must be the same on every rank.
+    pub area_way: Option<Way>,
+    /// Where the tuner's costs come from (`OXCCL_TUNE`; default [`Tune::Cache`]).
+    pub tune: Tune,
+    /// The file that caches this host's calibration (`OXCCL_TUNE_FILE`; default
+    /// `$XDG_CACHE_HOME/oxccl/` or `~/.cache/oxccl/`, one file per host, rank count and
+    /// library version). Read and written by rank 0 only.
+    pub tune_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -63,26 +93,21 @@ impl Default for Config {
             host_id: None,
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
             scratch_slots: Choice::DEFAULT_SCRATCH_SLOTS,
-            direct_min: Config::DEFAULT_DIRECT_MIN,
-            direct_max: Config::DEFAULT_DIRECT_MAX,
-            direct_copy_min: Config::DEFAULT_DIRECT_COPY_MIN,
+            direct_min: None,
+            direct_max: None,
+            direct_copy_min: None,
+            area_way: None,
+            tune: Tune::Cache,
+            tune_file: None,
         }
     }
 }
 
 impl Config {
-    /// Default [`Config::direct_min`]: on the reference machine reaching peers' memory directly
-    /// beats copies through the group area for every size past the one-shot's 16 KiB (see the
-    /// README's performance section).
+    /// [`Config::direct_min`] when only [`Config::direct_max`] is set.
     pub const DEFAULT_DIRECT_MIN: usize = 16 << 10;
-    /// Default [`Config::direct_max`]: beyond it, out of place, the data is no longer in cache
-    /// and the kernel's page-by-page copies lose to streaming through the group area; in place
-    /// they still win (they write lines just read).
+    /// [`Config::direct_max`] when only [`Config::direct_min`] is set.
     pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
-    /// Default [`Config::direct_copy_min`]: off. On the reference machine staging through the
-    /// group area beat the kernel's page-by-page copies at every size from 8 B to 64 MiB, in
-    /// place and out of place (README's performance section).
-    pub const DEFAULT_DIRECT_COPY_MIN: usize = usize::MAX;
 
     /// The shortest [`Config::timeout`].
     pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
@@ -142,22 +167,45 @@ impl Config {
             c.slice_bytes = number("OXCCL_SLICE_BYTES", &v, "not a byte count")?;
         }
         if let Some(v) = get("OXCCL_DIRECT_MIN") {
-            c.direct_min = if v.trim().eq_ignore_ascii_case("off") {
+            c.direct_min = Some(if v.trim().eq_ignore_ascii_case("off") {
                 usize::MAX
             } else {
                 number("OXCCL_DIRECT_MIN", &v, "not a byte count or `off`")?
-            };
+            });
         }
         if let Some(v) = get("OXCCL_DIRECT_COPY_MIN") {
-            c.direct_copy_min = if v.trim().eq_ignore_ascii_case("off") {
+            c.direct_copy_min = Some(if v.trim().eq_ignore_ascii_case("off") {
                 usize::MAX
             } else {
                 number("OXCCL_DIRECT_COPY_MIN", &v, "not a byte count or `off`")?
-            };
+            });
         }
         if let Some(v) = get("OXCCL_DIRECT_MAX") {
-            c.direct_max = number("OXCCL_DIRECT_MAX", &v, "not a byte count")?;
+            c.direct_max = Some(number("OXCCL_DIRECT_MAX", &v, "not a byte count")?);
         }
+        if let Some(v) = get("OXCCL_AREA_WAY").filter(|v| !v.trim().is_empty()) {
+            let way = Way::ALL
+                .into_iter()
+                .find(|w| w.name().eq_ignore_ascii_case(v.trim()));
+            c.area_way = Some(way.ok_or_else(|| {
+                bad(
+                    "OXCCL_AREA_WAY",
+                    &v,
+                    "not one-shot, two-shot, direct or staged",
+                )
+            })?);
+        }
+        if let Some(v) = get("OXCCL_TUNE").filter(|v| !v.trim().is_empty()) {
+            c.tune = match v.trim().to_ascii_lowercase().as_str() {
+                "defaults" => Tune::Defaults,
+                "cache" => Tune::Cache,
+                "calibrate" => Tune::Calibrate,
+                _ => return Err(bad("OXCCL_TUNE", &v, "not defaults, cache or calibrate")),
+            };
+        }
+        c.tune_file = get("OXCCL_TUNE_FILE")
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             c.scratch_slots = number("OXCCL_SCRATCH_SLOTS", &v, "not a count")?;
         }
@@ -225,7 +273,7 @@ impl Config {
     /// Every value is allowed.
     pub fn direct_min(self, bytes: usize) -> Config {
         Config {
-            direct_min: bytes,
+            direct_min: Some(bytes),
             ..self
         }
     }
@@ -234,7 +282,7 @@ impl Config {
     /// allowed.
     pub fn direct_copy_min(self, bytes: usize) -> Config {
         Config {
-            direct_copy_min: bytes,
+            direct_copy_min: Some(bytes),
             ..self
         }
     }
@@ -242,7 +290,25 @@ impl Config {
     /// With [`Config::direct_max`] set to `bytes`. Every value is allowed.
     pub fn direct_max(self, bytes: usize) -> Config {
         Config {
-            direct_max: bytes,
+            direct_max: Some(bytes),
+            ..self
+        }
+    }
+
+    /// With [`Config::area_way`] set.
+    pub fn area_way(self, area_way: Option<Way>) -> Config {
+        Config { area_way, ..self }
+    }
+
+    /// With [`Config::tune`] set.
+    pub fn tune(self, tune: Tune) -> Config {
+        Config { tune, ..self }
+    }
+
+    /// With [`Config::tune_file`] set.
+    pub fn tune_file(self, path: Option<PathBuf>) -> Config {
+        Config {
+            tune_file: path,
             ..self
         }
     }
@@ -448,7 +514,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.timeout, Config::MIN_TIMEOUT);
-        assert_eq!(c.direct_min, usize::MAX);
+        assert_eq!(c.direct_min, Some(usize::MAX));
         let c = Config::from_vars(vars(&[
             ("OXCCL_TIMEOUT", "31536000"),
             ("OXCCL_SLICE_BYTES", "67108864"),

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
 /// Every variable `Config::from_vars` reads.
-const VARS: [&str; 9] = [
+const VARS: [&str; 12] = [
     "OXCCL_TIMEOUT",
     "OXCCL_ALGO",
     "OXCCL_TRANSPORTS",
@@ -23,6 +23,9 @@ const VARS: [&str; 9] = [
     "OXCCL_SCRATCH_SLOTS",
     "OXCCL_DIRECT_MIN",
     "OXCCL_DIRECT_MAX",
+    "OXCCL_DIRECT_COPY_MIN",
+    "OXCCL_AREA_WAY",
+    "OXCCL_TUNE",
 ];
 
 /// Longer than anything here should take: past it, the call hangs.
@@ -291,6 +294,14 @@ fn valid(var: &'static str) -> BoxedStrategy<String> {
         ]
         .boxed(),
         "OXCCL_DIRECT_MAX" => any::<usize>().prop_map(|b| b.to_string()).boxed(),
+        "OXCCL_DIRECT_COPY_MIN" => prop_oneof![
+            any::<usize>().prop_map(|b| b.to_string()),
+            strings(&["off", "Off", "0"]),
+        ]
+        .boxed(),
+        "OXCCL_AREA_WAY" => strings(&["one-shot", "TWO-SHOT", " direct ", "staged", ""]),
+        // `calibrate` is left to tests/tuner.rs: each case would calibrate for a second.
+        "OXCCL_TUNE" => strings(&["defaults", "cache", " Cache ", ""]),
         _ => unreachable!("{var}"),
     }
 }
@@ -341,6 +352,9 @@ fn invalid(var: &'static str) -> BoxedStrategy<String> {
         .boxed(),
         "OXCCL_DIRECT_MIN" => strings(numbers),
         "OXCCL_DIRECT_MAX" => strings(&["off", "-1", "1e6", "lots", ""]),
+        "OXCCL_DIRECT_COPY_MIN" => strings(numbers),
+        "OXCCL_AREA_WAY" => strings(&["fast", "one_shot", "ring", "shm direct"]),
+        "OXCCL_TUNE" => strings(&["yes", "calibrated", "0", "off"]),
         // Any interface list is accepted (a list that matches nothing fails at creation).
         _ => unreachable!("{var}"),
     }

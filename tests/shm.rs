@@ -27,10 +27,9 @@ fn value(r: usize, i: usize) -> i64 {
     ((i * 7 + r * 13) % 23) as i64 - 11
 }
 
-/// Element counts that land on each path, uneven across 3 ranks: empty, tiny, the one-shot
-/// edge (16 KiB of f32 is 4096 elements) and just past it (two-shot), direct by default
-/// (400 KB, and 4 MiB: its upper edge), and past it (two-shot in 1 MiB pieces, the last one
-/// partial).
+/// Element counts that land on each path, uneven across 3 ranks: empty, tiny, around 16 KiB
+/// (4096 elements of f32), 400 KB, 4 MiB, and past it (two-shot in 1 MiB pieces, the last one
+/// partial); which way each takes by default is the tuner's, so the ways are also forced.
 const COUNTS: [usize; 8] = [0, 1, 5, 4096, 4097, 100_003, 1 << 20, 1_500_007];
 
 /// All-reduce (both placements, several operators and types), with a broadcast and a reduce on
@@ -106,9 +105,8 @@ fn check_all_paths(comms: &[Communicator]) {
 
 #[test]
 fn every_path_over_shared_memory_matches_the_reference() {
-    // Default thresholds: one-shot, two-shot (whole and in pieces) and direct all serve some of
-    // the counts.
-    check_all_paths(&shm(3, Config::default()));
+    // The tuner's choices (the defaults' costs), then every way forced where it can serve.
+    check_all_paths(&shm(3, Config::default().tune(oxccl::Tune::Defaults)));
     // Without direct reads: two-shot past one-shot, whatever the size.
     check_all_paths(&shm(3, Config::default().direct_min(usize::MAX)));
     // Direct from the first byte past one-shot, whatever the size.
@@ -399,9 +397,9 @@ fn killing_every_rank_mid_collective_leaves_nothing_behind() {
 
 #[test]
 fn ranks_configured_differently_agree_on_a_way_and_get_the_right_results() {
-    // The selftest's 65537-element all-reduces are direct by default. Rank 2 going direct only
-    // in place: the out-of-place sums fall back to two-shot, the in-place maxima stay direct.
-    // Rank 1 never going direct: everything past one-shot falls back.
+    // The others take the selftest's 65537-element all-reduces direct. Rank 2 going direct
+    // only in place: the out-of-place sums fall back to two-shot, the in-place maxima stay
+    // direct. Rank 1 never going direct: everything past one-shot falls back.
     let unwilling: [(usize, &str, &str); 2] =
         [(2, "OXCCL_DIRECT_MAX", "0"), (1, "OXCCL_DIRECT_MIN", "off")];
     for (who, var, value) in unwilling {
@@ -409,7 +407,10 @@ fn ranks_configured_differently_agree_on_a_way_and_get_the_right_results() {
             if r == who {
                 vec![(var, value.to_string())]
             } else {
-                vec![]
+                vec![
+                    ("OXCCL_DIRECT_MIN", "0".to_string()),
+                    ("OXCCL_DIRECT_MAX", usize::MAX.to_string()),
+                ]
             }
         });
         for (r, rank) in ranks.iter_mut().enumerate() {
@@ -429,14 +430,16 @@ fn ranks_configured_differently_agree_on_a_way_and_get_the_right_results() {
 
 #[test]
 fn a_killed_rank_fails_the_others_on_the_large_paths_promptly() {
-    // 4 MiB goes direct, 16 MiB two-shot in pieces.
-    for count in ["1048576", "4194304"] {
-        a_killed_rank_fails_the_others_promptly(count);
+    // 4 MiB direct, 16 MiB two-shot in pieces.
+    for (count, way) in [("1048576", "direct"), ("4194304", "two-shot")] {
+        a_killed_rank_fails_the_others_promptly(count, way);
     }
 }
 
-fn a_killed_rank_fails_the_others_promptly(count: &str) {
-    let (_store, mut ranks) = launch(3, "fault_worker", &[count, "100000"], |_| vec![]);
+fn a_killed_rank_fails_the_others_promptly(count: &str, way: &str) {
+    let (_store, mut ranks) = launch(3, "fault_worker", &[count, "100000"], |_| {
+        vec![("OXCCL_AREA_WAY", way.to_string())]
+    });
     all_running(&ranks, count);
     let killed = Instant::now();
     ranks[2].child.kill().expect("kill rank 2");

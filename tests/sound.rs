@@ -16,16 +16,18 @@ use std::time::{Duration, Instant};
 
 use oxccl::bootstrap::UniqueId;
 use oxccl::config::TransportFilter;
-use oxccl::{Communicator, Config, Error, ReduceOp};
+use oxccl::{Communicator, Config, Error, ReduceOp, Way};
 use util::procs::{launch, on_each};
 
-/// 256 MiB of f32: an in-place all-reduce this large runs the direct path for long enough that
-/// an abort or a deadline lands in the middle of it.
+/// 256 MiB of f32: an in-place all-reduce this large, forced onto the direct path (the only
+/// one where peers write into each other's buffers), runs long enough that an abort or a
+/// deadline lands in the middle of it.
 const BIG: usize = 64 << 20;
 
 const CANARY: u32 = 0x7f4d_a5a5;
 
-/// Two ranks over shared memory as threads of this process, each with its own configuration.
+/// Two ranks over shared memory as threads of this process, each with its own configuration,
+/// taking the direct way through the group area.
 fn pair(configs: [Config; 2]) -> Vec<Communicator> {
     let id = UniqueId::new().expect("unique id");
     std::thread::scope(|s| {
@@ -35,7 +37,9 @@ fn pair(configs: [Config; 2]) -> Vec<Communicator> {
             .map(|(r, c)| {
                 let id = &id;
                 s.spawn(move || {
-                    let c = c.transports(TransportFilter::only(&["shm"]));
+                    let c = c
+                        .transports(TransportFilter::only(&["shm"]))
+                        .area_way(Some(Way::Direct));
                     Communicator::init_rank(id, 2, r, c).expect("init over shm")
                 })
             })
@@ -168,7 +172,9 @@ fn survivors_of_a_killed_rank_get_their_buffers_back_untouched() {
     // 3 processes, 256 MiB in place each: the direct path; rank 1 dies mid-call, ranks 0 and 2
     // must both stop writing into each other before returning.
     let count = BIG.to_string();
-    let (_store, mut ranks) = launch(3, "fault_worker", &[&count, "1000", "canary"], |_| vec![]);
+    let (_store, mut ranks) = launch(3, "fault_worker", &[&count, "1000", "canary"], |_| {
+        vec![("OXCCL_AREA_WAY", "direct".to_string())]
+    });
     for (r, rank) in ranks.iter().enumerate() {
         let first = rank
             .lines

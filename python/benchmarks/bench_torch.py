@@ -2,9 +2,9 @@
 
     torchrun --nproc-per-node 2 python/benchmarks/bench_torch.py [--iters-scale 1.0] [--json F]
 
-1. ``dist.all_reduce`` (float32, sum, sync) at 8 B, 64 KiB, 1 MiB and 64 MiB: the median of
-   several timed batches of back-to-back calls, per call, on rank 0 (a barrier starts each
-   batch). Bus bandwidth is nccl-tests' all-reduce formula, 2 (n-1)/n * bytes / time.
+1. ``dist.all_reduce`` (float32, sum, sync; in place, as torch always calls it) at 8 B, 64 KiB,
+   1 MiB and 64 MiB: the median of several timed batches of back-to-back calls, per call, on
+   rank 0 (a barrier starts each batch). Bus bandwidth is nccl-tests' all-reduce formula, 2 (n-1)/n * bytes / time.
 2. The step time of DistributedDataParallel on an MLP of about 25 M parameters (forward,
    backward with the gradient all-reduce, SGD step), median over steps after warm-up.
 
@@ -86,7 +86,7 @@ def main():
     for name, g in (("gloo", gloo), ("oxccl", ox)):
         ddp[name], params = ddp_step_time(g, a.ddp_steps, 3)
     if rank == 0:
-        print(f"torch {torch.__version__}, {n} ranks, dist.all_reduce float32 sum (sync):\n")
+        print(f"torch {torch.__version__}, {n} ranks, dist.all_reduce float32 sum (sync, in place):\n")
         print("| size | Gloo µs | oxccl µs | Gloo GB/s | oxccl GB/s | oxccl speed-up |")
         print("|---:|---:|---:|---:|---:|---:|")
         for r in rows:

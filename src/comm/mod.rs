@@ -15,6 +15,7 @@ mod api;
 mod group;
 mod raw;
 mod setup;
+mod tuning;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 pub use group::Group;
 pub use raw::{Pending, RawMessage};
+pub use tuning::Calibration;
 
 use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};
@@ -34,7 +36,7 @@ use crate::exec::flags::Flags;
 use crate::exec::op::{OpName, OpResult, Operation, Work};
 use crate::exec::progress::Compiled;
 use crate::topo::Topology;
-use crate::tune::{self, Decision, Route};
+use crate::tune::{self, Costs, Decision, Route};
 use crate::types::Rank;
 use setup::Boot;
 
@@ -82,7 +84,18 @@ struct State {
     splits: u64,
     /// Recently used schedules: the same call is planned once.
     cache: HashMap<(Plan, Choice), Arc<Compiled>>,
+    /// What the tuner prices the ways through the group area with: the same on every rank
+    /// (rank 0's, handed out at creation and after a calibration).
+    costs: Costs,
+    /// The (collective, size class, placement) whose candidates were logged (debug level).
+    logged: std::collections::HashSet<(algo::Collective, u32, bool)>,
+    /// Recent decisions by (collective, bytes, placement) — all a decision depends on besides
+    /// what is fixed per communicator — so that repeated calls are not priced again.
+    decided: [Option<(algo::Collective, usize, bool, Decision)>; DECIDED],
 }
+
+/// Slots of [`State::decided`] (a power of two).
+const DECIDED: usize = 64;
 
 const CACHE_ENTRIES: usize = 64;
 
@@ -241,7 +254,8 @@ impl Communicator {
     /// area of ranks on one host, or a schedule with its algorithm and slicing (the one
     /// `OXCCL_ALGO` forces, where it applies) — and a line saying why.
     pub fn explain(&self, plan: &Plan) -> Decision {
-        tune::decide(plan, &self.inner.means, &self.inner.config)
+        let st = self.inner.lock();
+        tune::decide(plan, &self.inner.means, &self.inner.config, &st.costs)
     }
 
     /// Aborts the communicator from any thread: every running and later call fails with
@@ -309,8 +323,20 @@ impl Communicator {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
-        let decision = tune::decide(&plan, &self.inner.means, &self.inner.config);
         let mut st = self.inner.lock();
+        let decision = self.inner.decide(&mut st, &plan);
+        self.run_decided(st, plan, decision, input, output)
+    }
+
+    /// [`Communicator::run`] on the route `decision`, with the lock `st` held.
+    fn run_decided(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        plan: Plan,
+        decision: Decision,
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Result<()> {
         // Nothing queued: an area all-reduce runs right here, without a queue or a result slot.
         if let Route::Area(way) = decision.route
             && !st.engine.busy()
@@ -335,9 +361,9 @@ impl Communicator {
         output: (*mut u8, usize),
     ) -> Result<Arc<OpResult>> {
         let result = Arc::new(OpResult::default());
-        let decision = tune::decide(&plan, &self.inner.means, &self.inner.config);
         {
             let mut st = self.inner.lock();
+            let decision = self.inner.decide(&mut st, &plan);
             self.inner
                 .submit(&mut st, plan, decision, input, output, result.clone())?;
         }
@@ -349,6 +375,37 @@ impl Communicator {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The routing decision for `plan`, logging the priced candidates once per collective,
+    /// size class and placement when `oxccl::tune` logs at debug level.
+    fn decide(&self, st: &mut State, plan: &Plan) -> Decision {
+        let bytes = plan.count.saturating_mul(plan.dtype.size());
+        let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32
+            ^ plan.collective as usize
+            ^ usize::from(plan.in_place) << 4)
+            % DECIDED;
+        if let Some((c, b, p, d)) = &st.decided[slot]
+            && (*c, *b, *p) == (plan.collective, bytes, plan.in_place)
+        {
+            return d.clone();
+        }
+        let d = tune::decide(plan, &self.means, &self.config, &st.costs);
+        st.decided[slot] = Some((plan.collective, bytes, plan.in_place, d.clone()));
+        if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
+            let class = usize::BITS - bytes.leading_zeros();
+            if st.logged.len() < 4096 && st.logged.insert((plan.collective, class, plan.in_place)) {
+                let table = tune::price(plan, &self.means, &self.config, &st.costs);
+                tracing::debug!(target: "oxccl::tune", rank = self.rank,
+                    "{} of {bytes} B{}: {}; candidates: {} (costs: {})",
+                    plan.collective,
+                    if plan.in_place { " in place" } else { "" },
+                    d,
+                    tune::table_line(&table),
+                    st.costs.source());
+            }
+        }
+        d
     }
 
     /// Queues `plan` on the route `decision` (the routing decision's for it): schedules are

@@ -12,7 +12,7 @@ use oxccl_transport::{Link, PeerInfo, Transport};
 use oxccl_transport_shm::{AreaSet, ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
-use super::{Background, Communicator, Inner, State};
+use super::{Background, Communicator, Inner, State, tuning};
 use crate::bootstrap::{PrefixStore, Store, StoreServer, iface};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -151,10 +151,14 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         })
         .and_then(|a| a.group(rank));
     let direct = group.as_ref().is_some_and(|a| a.direct());
+    if rank == 0 {
+        tuning::hand_out(&store, &config, &infos[0].host, size)?;
+    }
     store.set(&format!("ready/{rank}"), if direct { b"d" } else { b"1" })?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     store.wait(&keys, deadline)?;
+    let (costs, calibrate) = tuning::take(&store, rank, deadline)?;
     let mut everyone_direct = direct;
     if direct {
         for k in &keys {
@@ -185,7 +189,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let topo = Topology {
         hosts: infos.into_iter().map(|i| i.host).collect(),
     };
-    Ok(Communicator {
+    let comm = Communicator {
         inner: Arc::new(Inner {
             rank,
             size,
@@ -198,13 +202,17 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 groups: vec![0; size],
                 splits: 0,
                 cache: Default::default(),
+                costs,
+                logged: Default::default(),
+                decided: std::array::from_fn(|_| None),
             }),
             boot,
             background: Background::default(),
             means,
             link_names,
         }),
-    })
+    };
+    tuning::finish(comm, calibrate)
 }
 
 /// The transports, and the shared-memory group area's handle when shm is among them.

@@ -101,6 +101,8 @@ pub fn launch(
                 .env("OXCCL_TIMEOUT", "60")
                 .env_remove("OXCCL_TRANSPORTS")
                 .env_remove("OXCCL_HOST_ID")
+                // Routes as the defaults price them, whatever this machine has cached.
+                .env("OXCCL_TUNE", "defaults")
                 .stdout(Stdio::piped());
             for (k, v) in env(r) {
                 cmd.env(k, v);

@@ -1,15 +1,16 @@
 //! Collectives through the group area (ranks of one host only), with no messages and no
-//! schedule:
+//! schedule. Which way a call takes is the tuner's (`tune`): the cheapest by its measured
+//! costs. All-reduce has three:
 //!
-//! - one-shot (up to 16 KiB): each rank publishes its contribution in its own area buffer and
-//!   reads everybody's — no system call; the path for sizes whose cost is otherwise the
+//! - one-shot (small messages, at most an area buffer): each rank publishes its contribution
+//!   in its own area buffer and reads everybody's — no system call; the path for sizes whose cost is otherwise the
 //!   machinery around a few bytes;
-//! - direct (from [`Config::direct_min`] to [`Config::direct_max`], when every rank can reach
-//!   every peer's memory with `process_vm_readv`/`process_vm_writev`): each rank publishes the
+//! - direct (when every rank can reach every peer's memory with
+//!   `process_vm_readv`/`process_vm_writev`): each rank publishes the
 //!   addresses of its buffers, then for its slice, part by part, reads each peer's input into
 //!   cache, folds, and writes the result to its own output and straight into every peer's. The
 //!   kernel copies page by page, which is fast while the buffers are in cache;
-//! - two-shot (everything else): through the area in pieces of [`STAGE_BYTES`], each rank
+//! - two-shot: through the area in pieces of [`STAGE_BYTES`], each rank
 //!   copies into its buffer the slices its peers reduce, reduces its own slice from their
 //!   copies, and copies every other slice's result from its owner's buffer. All copies are
 //!   user-space streams, which is what wins once the buffers no longer fit in cache.
@@ -19,8 +20,6 @@
 //! peers' buffers with `process_vm_readv`, reductions writing results where they belong; see
 //! [`direct`]).
 //!
-//! The crossovers were measured on the reference machine (see the README's performance section).
-//!
 //! Each element's result is folded once, by its slice's owner, and copied to everyone (one-shot:
 //! every rank folds all contributions in rank order), so all ranks get the same bits. While waiting for
 //! peers this path watches what the engine would: abort, the deadline, dead peers, failure
@@ -29,9 +28,6 @@
 //!
 //! Each way has its file: [`one_shot`], [`two_shot`], [`staged`], [`direct`]; [`waiter`] is how
 //! they wait on each other with the engine's guarantees.
-//!
-//! [`Config::direct_min`]: crate::Config::direct_min
-//! [`Config::direct_max`]: crate::Config::direct_max
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -172,6 +172,12 @@ pub struct Cli {
     /// Test only: this rank flips one element of its output before every check.
     #[arg(long, value_name = "RANK", hide = true)]
     pub corrupt_rank: Option<usize>,
+
+    /// Before the sweep, measure every way through the shared group area on this machine and
+    /// let the tuner price calls with the result (rank 0 caches it for later runs; see
+    /// OXCCL_TUNE, OXCCL_TUNE_FILE).
+    #[arg(long)]
+    pub calibrate: bool,
 }
 
 /// Where buffers live.
@@ -292,6 +298,8 @@ pub struct Settings {
     pub device: Device,
     /// `--corrupt-rank` (tests).
     pub corrupt_rank: Option<usize>,
+    /// `--calibrate`.
+    pub calibrate: bool,
 }
 
 impl Cli {
@@ -374,6 +382,7 @@ impl Cli {
             plot_only: self.plot_only,
             device: self.device,
             corrupt_rank: self.corrupt_rank,
+            calibrate: self.calibrate,
         })
     }
 }

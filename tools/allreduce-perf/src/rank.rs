@@ -104,6 +104,17 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
             "--corrupt-rank {r}: not a rank of this job of {n} ranks"
         ));
     }
+    if s.calibrate {
+        let started = std::time::Instant::now();
+        let costs = comm.calibrate().map_err(|e| e.to_string())?;
+        if rank == 0 {
+            eprintln!(
+                "# tuner costs {} (calibration took {:.2} s)",
+                costs.source(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
     let mut transports: Vec<String> = Vec::new();
     for t in comm.transports().iter().flatten() {
         if !transports.iter().any(|x| x == t) {

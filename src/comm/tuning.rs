@@ -1,0 +1,371 @@
+//! Where the tuner's costs come from: handed out by rank 0 at creation (its cached calibration,
+//! or the defaults), measured on demand by [`Communicator::calibrate`], and cached on disk per
+//! host, rank count and library version.
+//!
+//! Every rank must price calls alike or ranks would take different routes, so only rank 0
+//! reads or writes the cache and the others take its table: through the store at creation,
+//! by broadcast after a calibration.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use oxccl_transport_shm::area::AREA_BYTES;
+
+use super::Communicator;
+use crate::algo::{Collective, Plan};
+use crate::bootstrap::{PrefixStore, Store};
+use crate::config::{Config, Tune};
+use crate::error::{Error, Result};
+use crate::tune::cost::{AREA_COLLECTIVES, MAX_TEXT_BYTES};
+use crate::tune::{self, Costs, Decision, Key, Route, Way};
+use crate::types::{DataType, Rank};
+
+/// The store key rank 0 answers under at creation.
+const KEY: &str = "tune";
+
+/// What a calibration measures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Calibration {
+    /// Sizes per rank, in bytes, at which every way is timed (increasing). A size whose
+    /// buffers would pass [`Calibration::max_buffer`] on a rank is left out for that
+    /// collective.
+    pub sizes: Vec<usize>,
+    /// The most bytes one rank's buffer may hold (all-gather's output is `ranks × size`).
+    pub max_buffer: usize,
+    /// Bytes each way moves per size, at most: the iteration count is this over the size,
+    /// from 3 to 40.
+    pub budget: usize,
+}
+
+impl Default for Calibration {
+    /// 8 B to 64 MiB by factors of 4 (and 1 KiB), at most 64 MiB per buffer: about two
+    /// seconds on 2 ranks.
+    fn default() -> Self {
+        let mut sizes = vec![8, 1 << 10];
+        sizes.extend((6..=13).map(|k| 1usize << (2 * k)));
+        Calibration {
+            sizes,
+            max_buffer: 64 << 20,
+            budget: 32 << 20,
+        }
+    }
+}
+
+impl Calibration {
+    /// The default grid cut at `max_buffer` bytes per buffer (a short calibration for tests).
+    pub fn up_to(max_buffer: usize) -> Calibration {
+        let mut c = Calibration::default();
+        c.sizes.retain(|&s| s <= max_buffer);
+        c.max_buffer = max_buffer;
+        c
+    }
+}
+
+impl Communicator {
+    /// The costs the tuner prices the ways through the shared group area with (the same on
+    /// every rank): rank 0's cached calibration, a calibration just run, or the defaults.
+    pub fn costs(&self) -> Costs {
+        self.inner.lock().costs.clone()
+    }
+
+    /// Every way `plan` may take through the group area here, with its estimated time in
+    /// seconds (`None`: not measured); empty when the call does not go through the area.
+    /// [`Communicator::explain`] says which one is taken.
+    pub fn candidates(&self, plan: &Plan) -> Vec<(Way, Option<f64>)> {
+        let st = self.inner.lock();
+        tune::price(plan, &self.inner.means, &self.inner.config, &st.costs)
+    }
+
+    /// Measures every way through the shared group area on this machine — each collective that
+    /// has them, both placements, the default [`Calibration`]'s sizes — and makes the result
+    /// the tuner's costs on every rank (rank 0's measurements, handed out by broadcast); rank
+    /// 0 also writes them to the cache file ([`Config::tune_file`]), where later communicators
+    /// of this host and rank count find them. Collective: every rank calls it, with no other
+    /// call in flight. A communicator without the area has nothing to calibrate and keeps its
+    /// costs.
+    pub fn calibrate(&self) -> Result<Costs> {
+        self.calibrate_with(&Calibration::default())
+    }
+
+    /// [`Communicator::calibrate`] over the sizes of `calibration`.
+    pub fn calibrate_with(&self, calibration: &Calibration) -> Result<Costs> {
+        if !self.inner.means.area {
+            return Ok(self.costs());
+        }
+        let measured = self.measure(calibration)?;
+        // Everyone takes rank 0's table: its length, then its text.
+        let mut text = if self.rank() == 0 {
+            measured.to_text().into_bytes()
+        } else {
+            Vec::new()
+        };
+        let mut len = [text.len() as u64];
+        self.broadcast_in_place(&mut len, 0)?;
+        let len = usize::try_from(len[0])
+            .ok()
+            .filter(|&l| l <= MAX_TEXT_BYTES)
+            .ok_or_else(|| self.bad_table("a cost table longer than allowed"))?;
+        text.resize(len, 0);
+        self.broadcast_in_place(&mut text, 0)?;
+        let costs = std::str::from_utf8(&text)
+            .map_err(|_| self.bad_table("a cost table that is not text"))
+            .and_then(|t| Costs::parse(t).map_err(|e| self.bad_table(&e)))?;
+        if self.rank() == 0
+            && let Some(path) =
+                cache_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
+        {
+            match save(&path, &text) {
+                Ok(()) => tracing::info!(rank = 0, "tuner costs cached in {}", path.display()),
+                Err(e) => tracing::warn!(
+                    rank = 0,
+                    "could not cache the tuner's costs in {}: {e}",
+                    path.display()
+                ),
+            }
+        }
+        let mut st = self.inner.lock();
+        st.costs = costs.clone();
+        st.logged.clear();
+        st.decided = std::array::from_fn(|_| None);
+        Ok(costs)
+    }
+
+    fn bad_table(&self, why: &str) -> Error {
+        Error::Bootstrap(format!(
+            "rank {}: calibrate: rank 0 handed out {why}",
+            self.rank()
+        ))
+    }
+
+    /// Times every way at every size of `c`, in lockstep with the other ranks (the same calls
+    /// in the same order everywhere); this rank's measurements.
+    fn measure(&self, c: &Calibration) -> Result<Costs> {
+        let n = self.size();
+        let mut sizes: Vec<usize> = c.sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let biggest = sizes
+            .iter()
+            .map(|&s| s.saturating_mul(n))
+            .max()
+            .unwrap_or(0);
+        let words = biggest.min(c.max_buffer).div_ceil(8).max(1);
+        // f32 ones: every reduction stays finite.
+        let one = u64::from(1.0f32.to_bits()) * 0x1_0000_0001;
+        let (mut a, mut b) = (vec![one; words], vec![one; words]);
+        let mut curves = Vec::new();
+        for collective in AREA_COLLECTIVES {
+            let ways: Vec<Way> = Way::ALL
+                .into_iter()
+                .filter(|&w| match w {
+                    Way::OneShot | Way::TwoShot => collective == Collective::AllReduce,
+                    Way::Staged => collective != Collective::AllReduce,
+                    Way::Direct => self.inner.means.direct,
+                })
+                .collect();
+            for way in ways {
+                for in_place in [false, true] {
+                    let mut points = Vec::new();
+                    for &bytes in &sizes {
+                        let whole = match collective {
+                            Collective::AllGather | Collective::ReduceScatter => {
+                                bytes.saturating_mul(n)
+                            }
+                            _ => bytes,
+                        };
+                        if whole > c.max_buffer
+                            || bytes % 4 != 0
+                            || (way == Way::OneShot && bytes > AREA_BYTES)
+                        {
+                            continue;
+                        }
+                        let plan =
+                            Plan::new(collective, bytes / 4, DataType::F32).in_place(in_place);
+                        let iters = (c.budget / bytes.max(1)).clamp(3, 40);
+                        let t = self.time(&plan, way, iters, (&mut a, &mut b))?;
+                        points.push((bytes, t));
+                    }
+                    let key = Key {
+                        collective,
+                        way,
+                        in_place,
+                    };
+                    curves.push((key, points));
+                }
+            }
+        }
+        let source = format!(
+            "calibrated on {}, {n} ranks, oxccl {}",
+            self.inner.topo.hosts[0],
+            env!("CARGO_PKG_VERSION")
+        );
+        Ok(Costs::from_points(&source, n, curves))
+    }
+
+    /// The median time of `iters` calls of `plan` forced onto `way` (after one more to warm
+    /// up), in seconds.
+    fn time(
+        &self,
+        plan: &Plan,
+        way: Way,
+        iters: usize,
+        (a, b): (&mut [u64], &mut [u64]),
+    ) -> Result<f64> {
+        let n = self.size();
+        let bytes = plan.count * 4;
+        let (whole_in, whole_out) = match plan.collective {
+            Collective::AllGather => (bytes, bytes * n),
+            Collective::ReduceScatter => (bytes * n, bytes),
+            _ => (bytes, bytes),
+        };
+        let decision = Decision {
+            route: Route::Area(way),
+            why: "calibration",
+        };
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..=iters {
+            // Placement as the API lays it out: in place, both are the whole buffer.
+            let (input, output) = if plan.in_place {
+                let len = whole_in.max(whole_out);
+                let p = b.as_mut_ptr().cast::<u8>();
+                ((p.cast_const(), len), (p, len))
+            } else {
+                (
+                    (a.as_ptr().cast::<u8>(), whole_in),
+                    (b.as_mut_ptr().cast::<u8>(), whole_out),
+                )
+            };
+            let start = Instant::now();
+            let st = self.inner.lock();
+            self.run_decided(st, *plan, decision.clone(), input, output)?;
+            if i > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+}
+
+/// Rank 0's answer at creation, under [`KEY`]: `D` (the defaults), `C` (calibrate now) or `T`
+/// and a cost table.
+pub(super) fn hand_out(
+    store: &PrefixStore,
+    config: &Config,
+    host: &str,
+    size: usize,
+) -> Result<()> {
+    let answer = match config.tune {
+        Tune::Defaults => b"D".to_vec(),
+        Tune::Cache | Tune::Calibrate => {
+            match cache_path(config, host, size).map(|p| (load(&p, size), p)) {
+                Some((Ok(costs), _)) => [b"T".as_slice(), costs.to_text().as_bytes()].concat(),
+                Some((Err(why), path)) => {
+                    if config.tune_file.is_some() || path.exists() {
+                        tracing::warn!(
+                            rank = 0,
+                            "tuner costs from {}: {why}; using {}",
+                            path.display(),
+                            if config.tune == Tune::Calibrate {
+                                "a new calibration"
+                            } else {
+                                "the defaults"
+                            }
+                        );
+                    }
+                    if config.tune == Tune::Calibrate {
+                        b"C".to_vec()
+                    } else {
+                        b"D".to_vec()
+                    }
+                }
+                None if config.tune == Tune::Calibrate => b"C".to_vec(),
+                None => b"D".to_vec(),
+            }
+        }
+    };
+    store.set(KEY, &answer)
+}
+
+/// What rank 0 handed out: the costs to start with, and whether to calibrate now.
+pub(super) fn take(store: &PrefixStore, rank: Rank, deadline: Instant) -> Result<(Costs, bool)> {
+    let answer = store.get(KEY, deadline)?;
+    let bad = |why: String| Error::Bootstrap(format!("rank {rank}: rank 0's tuner costs: {why}"));
+    match answer.split_first() {
+        Some((b'D', [])) => Ok((Costs::defaults().clone(), false)),
+        Some((b'C', [])) => Ok((Costs::defaults().clone(), true)),
+        Some((b'T', text)) => {
+            let text = std::str::from_utf8(text).map_err(|_| bad("not text".into()))?;
+            Ok((Costs::parse(text).map_err(bad)?, false))
+        }
+        _ => Err(bad("unreadable".into())),
+    }
+}
+
+/// After creation: calibrates when rank 0 said so.
+pub(super) fn finish(comm: Communicator, calibrate: bool) -> Result<Communicator> {
+    if calibrate {
+        comm.calibrate()?;
+    }
+    Ok(comm)
+}
+
+/// Where this host's calibration for `size` ranks is cached: [`Config::tune_file`], else a
+/// file named after the host, rank count and version under `$XDG_CACHE_HOME/oxccl` or
+/// `~/.cache/oxccl`; `None` when there is no such directory.
+pub fn cache_path(config: &Config, host: &str, size: usize) -> Option<PathBuf> {
+    if let Some(p) = &config.tune_file {
+        return Some(p.clone());
+    }
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|d| !d.is_empty())
+                .map(|h| Path::new(&h).join(".cache"))
+        })?;
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128)
+        .collect();
+    Some(dir.join("oxccl").join(format!(
+        "costs-{host}-{size}r-{}.txt",
+        env!("CARGO_PKG_VERSION")
+    )))
+}
+
+/// The costs cached at `path` for `size` ranks.
+fn load(path: &Path, size: usize) -> std::result::Result<Costs, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    f.take(MAX_TEXT_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    let costs = Costs::parse(&text)?;
+    if costs.ranks() != size {
+        return Err(format!("measured with {} ranks, not {size}", costs.ranks()));
+    }
+    Ok(costs)
+}
+
+/// Writes `text` to `path` whole or not at all (a temporary file renamed over it).
+fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}

@@ -1,0 +1,433 @@
+//! The tuner's costs: how long each way through the shared group area takes, per collective
+//! and placement, as a function of the message size — measured on the machine the job runs on
+//! ([`crate::Communicator::calibrate`]) or, when nothing was measured, the defaults measured on
+//! the reference machine (`defaults.txt` beside this file, written by the same calibration).
+//!
+//! Each way's cost is a piecewise α-β model: the calibration times the way at a grid of sizes,
+//! and between two measured sizes `b₀ < b₁` a call of `b` bytes is priced `α + β·b`, the line
+//! through both points (so the latency α and the time per byte β change where caches stop
+//! holding the data). Below the smallest size the smallest size's time is used; beyond the
+//! largest, the last segment's β carries on.
+//!
+//! Costs are plain data with a line-based text form (what the cache file and the defaults
+//! hold):
+//!
+//! ```text
+//! oxccl-costs 1
+//! source calibrated on host-1a2b, 2 ranks, oxccl 0.1.0
+//! ranks 2
+//! all_reduce two-shot out-of-place 8=1.1e-6 1024=1.3e-6 ...
+//! ```
+//!
+//! Parsing is strict and bounded (sizes, lines and points are capped), so a damaged or hostile
+//! file is rejected with a reason instead of steering the tuner.
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use crate::algo::Collective;
+
+use super::Way;
+
+/// The first line of the text form.
+pub const FORMAT: &str = "oxccl-costs 1";
+/// The largest text form accepted, in bytes.
+pub const MAX_TEXT_BYTES: usize = 64 << 10;
+/// The most measured sizes per curve.
+const MAX_POINTS: usize = 64;
+/// The longest time a point may state, in seconds (anything longer is not a measurement of
+/// one collective call).
+const MAX_SECONDS: f64 = 1e4;
+
+/// The collectives that have ways through the group area, in [`Costs`]' index order.
+pub const AREA_COLLECTIVES: [Collective; 5] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::Broadcast,
+    Collective::Reduce,
+];
+/// Every way, in [`Costs`]' index order.
+const WAYS: [Way; 4] = Way::ALL;
+
+/// One priced thing: a way of a collective in a placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// The collective.
+    pub collective: Collective,
+    /// The way through the area.
+    pub way: Way,
+    /// In place (the output buffer is the input).
+    pub in_place: bool,
+}
+
+impl Key {
+    /// Index into [`Costs`]' table; `None` for a collective without area ways.
+    fn index(self) -> Option<usize> {
+        let c = AREA_COLLECTIVES
+            .iter()
+            .position(|&c| c == self.collective)?;
+        let w = WAYS.iter().position(|&w| w == self.way)?;
+        Some((c * WAYS.len() + w) * 2 + usize::from(self.in_place))
+    }
+
+    fn placement(in_place: bool) -> &'static str {
+        if in_place { "in-place" } else { "out-of-place" }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {}",
+            self.collective,
+            self.way.name(),
+            Key::placement(self.in_place)
+        )
+    }
+}
+
+const SLOTS: usize = AREA_COLLECTIVES.len() * WAYS.len() * 2;
+
+/// Measured times, in seconds, at increasing sizes in bytes (at least one point).
+type Curve = Vec<(usize, f64)>;
+
+/// What the tuner prices area ways with (see the module documentation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Costs {
+    /// Where the numbers come from, for people.
+    source: String,
+    /// The rank count they were measured with (0: unknown).
+    ranks: usize,
+    /// Indexed by [`Key::index`].
+    curves: [Option<Curve>; SLOTS],
+}
+
+impl Costs {
+    /// Costs from measured curves: for each key, its (bytes, seconds) points. Points are sorted
+    /// by size; repeated sizes keep the first; keys without points, negative or non-finite
+    /// times are dropped.
+    pub fn from_points(
+        source: &str,
+        ranks: usize,
+        points: impl IntoIterator<Item = (Key, Vec<(usize, f64)>)>,
+    ) -> Costs {
+        let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
+        for (key, mut pts) in points {
+            pts.retain(|&(_, t)| t.is_finite() && (0.0..=MAX_SECONDS).contains(&t));
+            pts.sort_by_key(|&(b, _)| b);
+            pts.dedup_by_key(|&mut (b, _)| b);
+            pts.truncate(MAX_POINTS);
+            if let (Some(i), false) = (key.index(), pts.is_empty()) {
+                curves[i] = Some(pts);
+            }
+        }
+        Costs {
+            source: source.replace(['\n', '\r'], " "),
+            ranks,
+            curves,
+        }
+    }
+
+    /// The defaults: measured by [`crate::Communicator::calibrate`] on the reference machine
+    /// (2 ranks), used wherever nothing was calibrated.
+    pub fn defaults() -> &'static Costs {
+        static DEFAULTS: OnceLock<Costs> = OnceLock::new();
+        DEFAULTS.get_or_init(|| {
+            // A unit test checks that the file parses; an empty table (every area way priced
+            // alike) is the fallback that cannot fail.
+            Costs::parse(include_str!("defaults.txt"))
+                .unwrap_or_else(|_| Costs::from_points("empty", 0, []))
+        })
+    }
+
+    /// Where the numbers come from.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The rank count they were measured with (0 if unknown).
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Whether `key` has measurements.
+    pub fn has(&self, key: Key) -> bool {
+        key.index().is_some_and(|i| self.curves[i].is_some())
+    }
+
+    /// The estimated time of `key` for `bytes` bytes, in seconds; `None` if it was never
+    /// measured.
+    pub fn estimate(&self, key: Key, bytes: usize) -> Option<f64> {
+        let curve = self.curves[key.index()?].as_ref()?;
+        Some(along(curve, bytes))
+    }
+
+    /// The text form (see the module documentation); [`Costs::parse`] reads it back.
+    pub fn to_text(&self) -> String {
+        let mut s = format!("{FORMAT}\nsource {}\nranks {}\n", self.source, self.ranks);
+        for c in AREA_COLLECTIVES {
+            for way in WAYS {
+                for in_place in [false, true] {
+                    let key = Key {
+                        collective: c,
+                        way,
+                        in_place,
+                    };
+                    let Some(Some(curve)) = key.index().map(|i| &self.curves[i]) else {
+                        continue;
+                    };
+                    let _ = write!(s, "{key}");
+                    for &(b, t) in curve {
+                        let _ = write!(s, " {b}={t:.4e}");
+                    }
+                    s.push('\n');
+                }
+            }
+        }
+        s
+    }
+
+    /// Reads the text form; the error says which line is wrong and why.
+    pub fn parse(text: &str) -> Result<Costs, String> {
+        if text.len() > MAX_TEXT_BYTES {
+            return Err(format!(
+                "{} bytes, more than the {MAX_TEXT_BYTES} a cost table may have",
+                text.len()
+            ));
+        }
+        let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim()));
+        match lines.next() {
+            Some((_, first)) if first == FORMAT => {}
+            _ => return Err(format!("line 1: not {FORMAT:?}")),
+        }
+        let (mut source, mut ranks) = (String::new(), 0);
+        let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
+        for (no, line) in lines {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = |why: &str| format!("line {no}: {why}");
+            if let Some(s) = line.strip_prefix("source ") {
+                source = s.to_owned();
+                continue;
+            }
+            if let Some(r) = line.strip_prefix("ranks ") {
+                ranks = r.trim().parse().map_err(|_| bad("not a rank count"))?;
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(c), Some(w), Some(p)) = (words.next(), words.next(), words.next()) else {
+                return Err(bad("expected `collective way placement size=seconds ...`"));
+            };
+            let collective = AREA_COLLECTIVES
+                .into_iter()
+                .find(|x| x.name() == c)
+                .ok_or_else(|| bad(&format!("{c:?} has no ways through the area")))?;
+            let way = WAYS
+                .into_iter()
+                .find(|x| x.name() == w)
+                .ok_or_else(|| bad(&format!("{w:?} is not a way")))?;
+            let in_place = match p {
+                "in-place" => true,
+                "out-of-place" => false,
+                _ => return Err(bad(&format!("{p:?} is not in-place or out-of-place"))),
+            };
+            let key = Key {
+                collective,
+                way,
+                in_place,
+            };
+            let mut curve = Curve::new();
+            for word in words {
+                if curve.len() == MAX_POINTS {
+                    return Err(bad(&format!("more than {MAX_POINTS} sizes")));
+                }
+                let point = word
+                    .split_once('=')
+                    .and_then(|(b, t)| Some((b.parse::<usize>().ok()?, t.parse::<f64>().ok()?)));
+                let Some((b, t)) = point else {
+                    return Err(bad(&format!("{word:?} is not size=seconds")));
+                };
+                if !(t.is_finite() && (0.0..=MAX_SECONDS).contains(&t)) {
+                    return Err(bad(&format!("{word:?}: time out of range")));
+                }
+                if curve.last().is_some_and(|&(last, _)| last >= b) {
+                    return Err(bad(&format!("{word:?}: sizes must increase")));
+                }
+                curve.push((b, t));
+            }
+            if curve.is_empty() {
+                return Err(bad("no sizes"));
+            }
+            let Some(slot) = key.index().map(|i| &mut curves[i]) else {
+                return Err(bad("not a priced way"));
+            };
+            if slot.replace(curve).is_some() {
+                return Err(bad(&format!("{key} given twice")));
+            }
+        }
+        Ok(Costs {
+            source,
+            ranks,
+            curves,
+        })
+    }
+}
+
+/// The piecewise α-β estimate along `curve` (non-empty, sizes increasing) at `bytes`.
+fn along(curve: &[(usize, f64)], bytes: usize) -> f64 {
+    let i = curve.partition_point(|&(b, _)| b < bytes);
+    let segment = match i {
+        0 => return curve[0].1,
+        i if i == curve.len() => {
+            if i == 1 {
+                return curve[0].1;
+            }
+            i - 1
+        }
+        i => i,
+    };
+    let ((b0, t0), (b1, t1)) = (curve[segment - 1], curve[segment]);
+    let beta = (t1 - t0) / (b1 - b0) as f64;
+    let t = t0 + beta * (bytes - b0) as f64;
+    if i == curve.len() {
+        // Beyond the last size: the last segment's β, never decreasing.
+        t1 + beta.max(0.0) * (bytes - b1) as f64
+    } else {
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(way: Way, in_place: bool) -> Key {
+        Key {
+            collective: Collective::AllReduce,
+            way,
+            in_place,
+        }
+    }
+
+    #[test]
+    fn estimates_are_the_line_through_the_neighbouring_points() {
+        let c = Costs::from_points(
+            "test",
+            2,
+            [(
+                key(Way::TwoShot, false),
+                vec![(1000, 1e-6), (100, 5e-7), (3000, 5e-6)],
+            )],
+        );
+        let e = |b| c.estimate(key(Way::TwoShot, false), b).unwrap();
+        assert_eq!(e(0), 5e-7);
+        assert_eq!(e(100), 5e-7);
+        assert!((e(550) - 7.5e-7).abs() < 1e-15);
+        assert!((e(2000) - 3e-6).abs() < 1e-15);
+        // Beyond the last point, the last segment's slope (2e-9 s/B).
+        assert!((e(4000) - 7e-6).abs() < 1e-15);
+        assert_eq!(c.estimate(key(Way::Direct, false), 10), None);
+        assert_eq!(
+            c.estimate(
+                Key {
+                    collective: Collective::Gather,
+                    way: Way::TwoShot,
+                    in_place: false
+                },
+                10
+            ),
+            None
+        );
+        // One point: constant; a falling last segment does not go below its last point.
+        let c = Costs::from_points(
+            "t",
+            2,
+            [
+                (key(Way::OneShot, true), vec![(64, 2e-7)]),
+                (key(Way::Direct, true), vec![(64, 2e-6), (128, 1e-6)]),
+            ],
+        );
+        assert_eq!(c.estimate(key(Way::OneShot, true), 1 << 30), Some(2e-7));
+        assert_eq!(c.estimate(key(Way::Direct, true), 1 << 30), Some(1e-6));
+    }
+
+    #[test]
+    fn the_text_form_reads_back_and_the_defaults_parse() {
+        let d = Costs::parse(include_str!("defaults.txt")).expect("defaults.txt parses");
+        assert_eq!(&d, Costs::defaults());
+        assert!(d.has(key(Way::TwoShot, true)) && d.has(key(Way::OneShot, false)));
+        let again = Costs::parse(&d.to_text()).unwrap();
+        for c in AREA_COLLECTIVES {
+            for way in WAYS {
+                for in_place in [false, true] {
+                    let k = Key {
+                        collective: c,
+                        way,
+                        in_place,
+                    };
+                    for b in [0, 8, 5000, 1 << 20, 1 << 30] {
+                        let (x, y) = (d.estimate(k, b), again.estimate(k, b));
+                        match (x, y) {
+                            (Some(x), Some(y)) => assert!((x - y).abs() <= x * 1e-3, "{k} {b}"),
+                            _ => assert_eq!(x, y),
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(again.source(), d.source());
+    }
+
+    #[test]
+    fn damaged_text_is_rejected_with_the_line() {
+        let ok = "oxccl-costs 1\nall_reduce two-shot in-place 8=1e-6 16=2e-6\n";
+        assert!(Costs::parse(ok).is_ok());
+        for (text, why) in [
+            ("", "line 1"),
+            ("oxccl-costs 2\n", "line 1"),
+            ("oxccl-costs 1\ngather two-shot in-place 8=1\n", "line 2"),
+            ("oxccl-costs 1\nall_reduce fast in-place 8=1\n", "not a way"),
+            (
+                "oxccl-costs 1\nall_reduce direct sideways 8=1\n",
+                "in-place",
+            ),
+            ("oxccl-costs 1\nall_reduce direct in-place\n", "no sizes"),
+            (
+                "oxccl-costs 1\nall_reduce direct in-place 8=NaN\n",
+                "out of range",
+            ),
+            (
+                "oxccl-costs 1\nall_reduce direct in-place 8=-1\n",
+                "out of range",
+            ),
+            (
+                "oxccl-costs 1\nall_reduce direct in-place 8=1e300\n",
+                "out of range",
+            ),
+            (
+                "oxccl-costs 1\nall_reduce direct in-place 16=1 8=2\n",
+                "increase",
+            ),
+            (
+                "oxccl-costs 1\nall_reduce direct in-place 8:1\n",
+                "size=seconds",
+            ),
+            ("oxccl-costs 1\nranks two\n", "rank count"),
+            (
+                "oxccl-costs 1\nreduce staged in-place 8=1\nreduce staged in-place 8=1\n",
+                "twice",
+            ),
+        ] {
+            let e = Costs::parse(text).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+        let many: String = (1..=MAX_POINTS + 1).map(|i| format!(" {i}=1e-6")).collect();
+        let e = Costs::parse(&format!("oxccl-costs 1\nreduce staged in-place{many}\n"));
+        assert!(e.unwrap_err().contains("more than"));
+        let huge = "#".repeat(MAX_TEXT_BYTES + 1);
+        assert!(Costs::parse(&huge).unwrap_err().contains("bytes"));
+    }
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The tuner against measurement, for the ways through the shared group area: for each size
+# (8 B .. 256 MiB by 4) and placement, every way forced (OXCCL_AREA_WAY), the tuner with the
+# defaults, and the tuner with a calibration run on this machine just before, all interleaved
+# round by round. Prints, per size and placement, each way's time, what the tuner picked and how
+# its time compares with the measured best (target: within 10%, or 2 µs for sizes that take
+# less than 20 µs).
+#
+# usage: tools/perf/tuner-check.sh [-r ROUNDS=3] [-n RANKS=2] [-o COLLECTIVE=all_reduce]
+#                                  [-e MAXBYTES=256M]
+# results: target/perf/tuner-<collective>-<time>/ (summary.md, the CSVs, costs.txt)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=3 RANKS=2 COLL=all_reduce MAX=256M
+while getopts "r:n:o:e:" o; do
+  case $o in
+    r) ROUNDS=$OPTARG ;;
+    n) RANKS=$OPTARG ;;
+    o) COLL=$OPTARG ;;
+    e) MAX=$OPTARG ;;
+    *) exit 2 ;;
+  esac
+done
+if [ "$COLL" = all_reduce ]; then WAYS="one-shot two-shot direct"; else WAYS="staged direct"; fi
+OUT=$PWD/target/perf/tuner-$COLL-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$OUT"
+cargo build --release -q -p allreduce-perf
+PERF=target/release/allreduce-perf
+ARGS=(--ranks "$RANKS" -o "$COLL" -b 8 -e "$MAX" -f 4 -w 3 -R 3 --min-time 0.1)
+# The calibration the calibrated tuner uses, cached in the results directory.
+OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" --ranks "$RANKS" -b 8 -e 8 --calibrate \
+  > /dev/null 2> "$OUT/calibrate.log"
+grep -h "tuner costs" "$OUT/calibrate.log" || true
+for r in $(seq 1 "$ROUNDS"); do
+  for way in $WAYS; do
+    OXCCL_TUNE=defaults OXCCL_AREA_WAY=$way "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
+  done
+  OXCCL_TUNE=defaults "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-defaults-r$r.csv" > /dev/null
+  OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-calibrated-r$r.csv" > /dev/null
+done
+python3 - "$OUT" "$WAYS" > "$OUT/summary.md" <<'PY'
+import collections, csv, glob, os, statistics, sys
+out, ways = sys.argv[1], sys.argv[2].split()
+times = collections.defaultdict(list)   # (run, size, placement) -> [us]
+picks = {}                              # (run, size, placement) -> route
+for path in sorted(glob.glob(os.path.join(out, "*-r*.csv"))):
+    run = os.path.basename(path).rsplit("-r", 1)[0]
+    for row in csv.DictReader(open(path)):
+        size, place = int(row["size"]), row["placement"]
+        algo = row["algorithm"]
+        route = algo.split("; in place ")[1] if place == "in-place" and "; in place " in algo \
+            else algo.split(";")[0]
+        if run in ways and route != f"shm {run}":
+            continue  # the way cannot take this call (one-shot past an area buffer)
+        times[(run, size, place)].append(float(row["time_us"]))
+        picks[(run, size, place)] = route.replace("shm ", "")
+med = {k: statistics.median(v) for k, v in times.items()}
+sizes = sorted({k[1] for k in med})
+def fmt(us):
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.2f} µs"
+print("| size | placement | " + " | ".join(ways) +
+      " | tuner, defaults | tuner, calibrated | calibrated / best |")
+print("|---" * (len(ways) + 5) + "|")
+worst, misses = 1.0, []
+for s in sizes:
+    for place in ("out-of-place", "in-place"):
+        cells = [fmt(med[(w, s, place)]) if (w, s, place) in med else "—" for w in ways]
+        best = min((med[(w, s, place)], w) for w in ways if (w, s, place) in med)
+        row = [str(s), place] + cells
+        for run in ("tuner-defaults", "tuner-calibrated"):
+            k = (run, s, place)
+            row.append(f"{picks.get(k, '?')} {fmt(med[k])}" if k in med else "—")
+        k = ("tuner-calibrated", s, place)
+        # The pick's time as measured when forced (the same way), against the best way's.
+        pick = picks.get(k)
+        forced = med.get((pick, s, place), med.get(k))
+        ratio = forced / best[0]
+        ok = ratio <= 1.10 or forced - best[0] <= 2.0
+        if not ok:
+            misses.append(f"{s} {place}: {pick} {fmt(forced)} vs {best[1]} {fmt(best[0])}")
+        row.append(f"{ratio:.2f}{'' if ok else ' ✗'}")
+        print("| " + " | ".join(row) + " |")
+print()
+print(f"median of {len(next(iter(times.values())))} rounds; best = fastest forced way; "
+      "calibrated / best compares the forced times of the calibrated pick and the best way.")
+print("misses (over 10% and 2 µs): " + ("; ".join(misses) if misses else "none"))
+PY
+cat "$OUT/summary.md"
+echo "results: $OUT"

@@ -169,6 +169,9 @@ pub(crate) fn price(
 
 /// `way ≈ time` for each priced candidate, for logs and tables.
 pub fn table_line(table: &[(Way, Option<f64>)]) -> String {
+    if table.is_empty() {
+        return "none priced (a schedule over the links)".into();
+    }
     let each = table.iter().map(|(w, t)| match t {
         Some(t) => format!("{} ≈ {:.2} µs", w.name(), t * 1e6),
         None => format!("{} (not measured)", w.name()),

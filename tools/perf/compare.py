@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarises a tools/perf/vs-peers.sh run: per size, the median over rounds of each peer's
 time (peer-bench CSVs: label,bytes,count,iters,repeats,median_us,...) and of oxccl's
-(allreduce-perf JSON, out-of-place), bus bandwidth, and oxccl's ratio to the best peer."""
+(allreduce-perf JSON, out-of-place, and in place beside it), bus bandwidth, and oxccl's ratio to
+the best peer (the peers run out of place; the in-place ratio compares oxccl in place with
+them, which is what torch.distributed and most frameworks call)."""
 import csv, glob, json, os, statistics, sys
 
 def human(us):
@@ -27,13 +29,18 @@ def main(out):
         nranks = doc.get("config", {}).get("nranks", nranks)
         for row in doc["rows"]:
             times.setdefault(("oxccl", row["size"]), []).append(row["out_of_place"]["time_us"])
-    labels = sorted({l for l, _ in times if l != "oxccl"}) + ["oxccl"]
+            if row.get("in_place"):
+                times.setdefault(("oxccl in place", row["size"]), []).append(
+                    row["in_place"]["time_us"])
+    ours_labels = [l for l in ("oxccl", "oxccl in place") if any(k[0] == l for k in times)]
+    labels = sorted({l for l, _ in times if l not in ours_labels}) + ours_labels
     sizes = sorted({s for _, s in times})
     factor = 2 * (nranks - 1) / nranks
-    print(f"All-reduce, float32 sum, {nranks} ranks, out-of-place; median over rounds of each "
-          f"run's median; in brackets bus bandwidth GB/s.\n")
-    print("| size | " + " | ".join(labels) + " | oxccl speed / best peer |")
-    print("|---|" + "---|" * (len(labels) + 1))
+    print(f"All-reduce, float32 sum, {nranks} ranks (peers out of place); median over rounds "
+          f"of each run's median; in brackets bus bandwidth GB/s.\n")
+    ratios = [f"{l} speed / best peer" for l in ours_labels]
+    print("| size | " + " | ".join(labels + ratios) + " |")
+    print("|---|" + "---|" * (len(labels) + len(ratios)))
     for s in sizes:
         cells, best = [], None
         for l in labels:
@@ -44,11 +51,12 @@ def main(out):
             m = statistics.median(t)
             bw = s / (m * 1e-6) / 1e9 * factor
             cells.append(f"{human(m)} ({bw:.2f})" if s >= 65536 else human(m))
-            if l != "oxccl" and (best is None or m < best):
+            if l not in ours_labels and (best is None or m < best):
                 best = m
-        ours = times.get(("oxccl", s))
-        ratio = f"{best / statistics.median(ours):.2f}×" if best and ours else "—"
-        print(f"| {s} B | " + " | ".join(cells) + f" | {ratio} |")
+        for l in ours_labels:
+            ours = times.get((l, s))
+            cells.append(f"{best / statistics.median(ours):.2f}×" if best and ours else "—")
+        print(f"| {s} B | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -6,7 +6,7 @@
 mod util;
 
 use oxccl::algo::partition::block;
-use oxccl::algo::{Algorithm, Choice, Collective, Plan};
+use oxccl::algo::{Algorithm, Choice, Collective, Hosts, Plan};
 use oxccl::types::{DataType, ReduceOp};
 use proptest::prelude::*;
 use util::{Case, Rng};
@@ -221,4 +221,139 @@ fn unsupported_and_invalid_plans_are_errors() {
     assert!(oxccl::algo::schedule(&huge, &Choice::new(Algorithm::Ring), 0, 4).is_err());
     let plan = Plan::new(Collective::AllReduce, 10, DataType::F32);
     assert!(oxccl::algo::schedule(&plan, &Choice::new(Algorithm::Ring), 4, 4).is_err());
+}
+
+/// A random hierarchical case: 1–24 ranks spread over 1–6 hosts in any order (hosts of
+/// different sizes, a host's ranks not numbered together), either leg between hosts.
+fn hierarchical_case() -> impl Strategy<Value = (Case, Vec<usize>)> {
+    (
+        case(Algorithm::Hierarchical),
+        any::<u64>(),
+        1usize..=6,
+        any::<bool>(),
+    )
+        .prop_map(|(mut case, seed, hosts, direct)| {
+            case.n = case.n.min(24);
+            case.plan = case.plan.root(case.plan.root % case.n);
+            let leg = if direct {
+                Algorithm::Direct
+            } else {
+                Algorithm::Ring
+            };
+            case.choice = case.choice.leg(leg);
+            let mut rng = Rng(seed);
+            let labels = (0..case.n)
+                .map(|_| rng.below(hosts as u64) as usize)
+                .collect();
+            (case, labels)
+        })
+}
+
+/// Bytes `schedules` send between ranks of one host and between ranks of different hosts.
+fn traffic(schedules: &[oxccl::algo::Schedule], hosts: &Hosts) -> (usize, usize) {
+    let (mut inside, mut between) = (0, 0);
+    for (r, s) in schedules.iter().enumerate() {
+        for step in s.steps() {
+            if let oxccl::algo::Op::Send { to, src } = step.op {
+                if hosts.host(to) == hosts.host(r) {
+                    inside += src.len;
+                } else {
+                    between += src.len;
+                }
+            }
+        }
+    }
+    (inside, between)
+}
+
+/// Hierarchical all-reduce moves exactly the bytes theory says: inside each host of m ranks a
+/// ring reduce-scatter and all-gather, 2(m−1)·S; between the H hosts 2(H−1)·S with the ring
+/// leg and H(H−1)·S with the direct one (every stretch's owners exchange it whole).
+fn check_hierarchical_traffic(case: &Case, hosts: &Hosts) -> Result<(), String> {
+    let plan = &case.plan;
+    if plan.collective != Collective::AllReduce {
+        return Ok(());
+    }
+    let schedules: Vec<_> = (0..case.n)
+        .map(|r| oxccl::algo::schedule_on(plan, &case.choice, r, hosts).unwrap())
+        .collect();
+    let s = plan.count * plan.dtype.size();
+    let h = hosts.count();
+    let want_inside: usize = (0..h).map(|x| 2 * (hosts.members(x).len() - 1) * s).sum();
+    let want_between = if case.choice.leg == Algorithm::Direct {
+        h * (h - 1) * s
+    } else {
+        2 * (h - 1) * s
+    };
+    let got = traffic(&schedules, hosts);
+    if got != (want_inside, want_between) {
+        return Err(format!(
+            "{case:?} on {hosts:?}: sent (inside, between) hosts {got:?}, want {:?}",
+            (want_inside, want_between)
+        ));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+
+    #[test]
+    fn hierarchical((case, labels) in hierarchical_case()) {
+        let hosts = Hosts::from_labels(&labels);
+        util::run_on(&case, &hosts, true).map_err(TestCaseError::fail)?;
+        check_hierarchical_traffic(&case, &hosts).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// Uneven hosts named in the issue (2 + 1 + 3), interleaved ranks, every collective the
+/// hierarchical algorithm has, every dtype and op, both legs, in and out of place.
+#[test]
+fn hierarchical_on_uneven_interleaved_hosts() {
+    let layouts: [&[usize]; 4] = [
+        &[0, 0, 1, 2, 2, 2],
+        &[1, 0, 2, 2, 0, 2],
+        &[0, 1, 0, 1],
+        &[0],
+    ];
+    let mut seed = 7;
+    for labels in layouts {
+        let hosts = Hosts::from_labels(labels);
+        let n = labels.len();
+        for collective in [
+            Collective::AllReduce,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            for dtype in DataType::ALL {
+                for op in ReduceOp::ALL.into_iter().filter(|o| o.supports(dtype)) {
+                    if !collective.reduces() && op != ReduceOp::Sum {
+                        continue;
+                    }
+                    for leg in [Algorithm::Ring, Algorithm::Direct] {
+                        for count in [1, 5, 37] {
+                            seed += 1;
+                            let plan = Plan::new(collective, count, dtype)
+                                .op(op)
+                                .root(seed as usize % n)
+                                .in_place(seed % 2 == 0);
+                            let choice = Choice::new(Algorithm::Hierarchical)
+                                .slice_bytes(4 * dtype.size())
+                                .scratch_slots(2)
+                                .leg(leg);
+                            let case = Case {
+                                plan,
+                                choice,
+                                n,
+                                seed,
+                                link_buffer: 1,
+                            };
+                            util::run_on(&case, &hosts, true).unwrap();
+                            check_hierarchical_traffic(&case, &hosts).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -10,6 +10,10 @@
 //! | [`Algorithm::Tree`] | double binary tree all-reduce, binomial broadcast and reduce |
 //! | [`Algorithm::HalvingDoubling`] | Rabenseifner all-reduce with the non-power-of-two fold |
 //! | [`Algorithm::Direct`] | every collective: one-shot all-reduce, pairwise all-to-all and reduce-scatter, flat gather/scatter/broadcast/reduce/all-gather, dissemination barrier |
+//! | [`Algorithm::Hierarchical`] | all-reduce (inside hosts, between hosts by every rank on its share, inside hosts), broadcast and reduce (chains through host leaders) |
+//!
+//! Only the hierarchical algorithms read where ranks run ([`Hosts`], given to [`schedule_on`]);
+//! [`schedule`] puts every rank on a host of its own.
 //!
 //! Every message is at most [`Choice::slice_bytes`] long, so the executor can overlap the
 //! transfer of one slice with the reduction of the previous one; scratch memory is at most
@@ -23,12 +27,15 @@ use crate::types::{DataType, Rank, ReduceOp};
 
 mod direct;
 mod halving_doubling;
+mod hierarchical;
+mod hosts;
 pub mod partition;
 mod ring;
 mod schedule;
 pub mod sim;
 mod tree;
 
+pub use hosts::Hosts;
 pub use schedule::{Buffer, Op, Region, Schedule, ScheduleBuilder, Step, StepId};
 
 /// Which collective a [`Plan`] describes.
@@ -310,15 +317,19 @@ pub enum Algorithm {
     HalvingDoubling,
     /// Every rank talks to every rank it needs to directly: one hop, most messages.
     Direct,
+    /// A leg inside each host, one between hosts ([`Choice::leg`]), one inside each host again:
+    /// the slow links between hosts carry each byte as few times as possible.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::HalvingDoubling,
         Algorithm::Direct,
+        Algorithm::Hierarchical,
     ];
 
     /// Lower-case name, as `OXCCL_ALGO` accepts it.
@@ -328,6 +339,7 @@ impl Algorithm {
             Algorithm::Tree => "tree",
             Algorithm::HalvingDoubling => "hd",
             Algorithm::Direct => "direct",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -344,6 +356,7 @@ impl Algorithm {
             Algorithm::Tree => matches!(collective, AllReduce | Broadcast | Reduce),
             Algorithm::HalvingDoubling => matches!(collective, AllReduce),
             Algorithm::Direct => true,
+            Algorithm::Hierarchical => matches!(collective, AllReduce | Broadcast | Reduce),
         }
     }
 }
@@ -358,13 +371,14 @@ impl FromStr for Algorithm {
     type Err = crate::types::UnknownName;
 
     /// Parses `ring`, `tree`, `hd` (also `halving_doubling`, `rabenseifner`), `direct`
-    /// (also `oneshot`, `pairwise`), ignoring ASCII case.
+    /// (also `oneshot`, `pairwise`), `hierarchical` (also `hier`), ignoring ASCII case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
             "ring" => Algorithm::Ring,
             "tree" => Algorithm::Tree,
             "hd" | "halving_doubling" | "rabenseifner" => Algorithm::HalvingDoubling,
             "direct" | "oneshot" | "one_shot" | "pairwise" => Algorithm::Direct,
+            "hierarchical" | "hier" => Algorithm::Hierarchical,
             _ => {
                 return Err(crate::types::UnknownName {
                     kind: "algorithm",
@@ -384,6 +398,10 @@ pub struct Choice {
     pub slice_bytes: usize,
     /// Scratch slots per pool, each `slice_bytes`: the pipeline depth where scratch is used.
     pub scratch_slots: usize,
+    /// The algorithm of [`Algorithm::Hierarchical`]'s all-reduce between hosts:
+    /// [`Algorithm::Direct`] (one hop, for small messages) or anything else for a ring. Ignored
+    /// by the other algorithms.
+    pub leg: Algorithm,
 }
 
 impl Choice {
@@ -398,7 +416,13 @@ impl Choice {
             algorithm,
             slice_bytes: Self::DEFAULT_SLICE_BYTES,
             scratch_slots: Self::DEFAULT_SCRATCH_SLOTS,
+            leg: Algorithm::Ring,
         }
+    }
+
+    /// The same choice with another leg between hosts (see [`Choice::leg`]).
+    pub fn leg(self, leg: Algorithm) -> Choice {
+        Choice { leg, ..self }
     }
 
     /// The same choice with another slice size.
@@ -448,13 +472,26 @@ impl fmt::Display for AlgoError {
 
 impl std::error::Error for AlgoError {}
 
-/// Rank `rank`'s schedule for `plan` on a communicator of `nranks`, using `choice`.
+/// Rank `rank`'s schedule for `plan` on a communicator of `nranks`, using `choice`, with every
+/// rank on a host of its own (see [`schedule_on`]).
 pub fn schedule(
     plan: &Plan,
     choice: &Choice,
     rank: Rank,
     nranks: usize,
 ) -> Result<Schedule, AlgoError> {
+    schedule_on(plan, choice, rank, &Hosts::flat(nranks))
+}
+
+/// Rank `rank`'s schedule for `plan` using `choice`, on a communicator whose ranks run on
+/// `hosts` (which only [`Algorithm::Hierarchical`] reads).
+pub fn schedule_on(
+    plan: &Plan,
+    choice: &Choice,
+    rank: Rank,
+    hosts: &Hosts,
+) -> Result<Schedule, AlgoError> {
+    let nranks = hosts.nranks();
     plan.validate(nranks)?;
     if rank >= nranks {
         return Err(AlgoError::InvalidPlan(format!(
@@ -467,12 +504,13 @@ pub fn schedule(
             collective: plan.collective,
         });
     }
-    let mut g = Gen::new(plan, choice, rank, nranks);
+    let mut g = Gen::new(plan, choice, rank, hosts);
     match choice.algorithm {
         Algorithm::Ring => ring::build(&mut g),
         Algorithm::Tree => tree::build(&mut g),
         Algorithm::HalvingDoubling => halving_doubling::build(&mut g),
         Algorithm::Direct => direct::build(&mut g),
+        Algorithm::Hierarchical => hierarchical::build(&mut g),
     }
     Ok(g.b.finish())
 }
@@ -484,6 +522,7 @@ pub(crate) struct Gen<'a> {
     pub choice: &'a Choice,
     pub rank: Rank,
     pub n: usize,
+    pub hosts: &'a Hosts,
     pub b: ScheduleBuilder,
     layout: Layout,
     elem: usize,
@@ -492,13 +531,15 @@ pub(crate) struct Gen<'a> {
 }
 
 impl<'a> Gen<'a> {
-    fn new(plan: &'a Plan, choice: &'a Choice, rank: Rank, n: usize) -> Gen<'a> {
+    fn new(plan: &'a Plan, choice: &'a Choice, rank: Rank, hosts: &'a Hosts) -> Gen<'a> {
         let elem = plan.dtype.size();
+        let n = hosts.nranks();
         Gen {
             plan,
             choice,
             rank,
             n,
+            hosts,
             b: ScheduleBuilder::new(plan.dtype),
             layout: plan.layout(rank, n),
             elem,

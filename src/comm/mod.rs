@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) size: usize,
     pub(crate) config: Config,
     pub(crate) topo: Topology,
+    /// The ranks grouped by host, as the hierarchical schedules read them.
+    pub(crate) hosts: algo::Hosts,
     pub(crate) flags: Arc<Flags>,
     state: Mutex<State>,
     boot: Boot,
@@ -457,7 +459,7 @@ impl Inner {
         if let Some(s) = st.cache.get(&key) {
             return Ok(s.clone());
         }
-        let s = algo::schedule(&plan, &choice, self.rank, self.size).map_err(|e| {
+        let s = algo::schedule_on(&plan, &choice, self.rank, &self.hosts).map_err(|e| {
             Error::InvalidArgument(format!("rank {}: {}: {e}", self.rank, plan.collective))
         })?;
         tracing::debug!(rank = self.rank, collective = %plan.collective, count = plan.count,

@@ -13,6 +13,7 @@ use oxccl_transport_shm::{AreaSet, ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
 use super::{Background, Communicator, Inner, State, tuning};
+use crate::algo::Hosts;
 use crate::bootstrap::{PrefixStore, Store, StoreServer, iface};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -171,11 +172,17 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let flags = Arc::new(Flags::new());
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());
+    let topo = Topology {
+        hosts: infos.into_iter().map(|i| i.host).collect(),
+    };
+    let hosts = Hosts::from_labels(&topo.hosts);
     let means = tune::Means {
         nranks: size,
         area: area.is_some(),
         direct: area.as_ref().is_some_and(AreaPath::direct),
         slice_bytes,
+        hosts: hosts.count(),
+        per_host: hosts.largest(),
     };
     let engine = engine.with_area(area);
     tracing::debug!(
@@ -186,15 +193,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         "communicator {} ready",
         boot.prefix
     );
-    let topo = Topology {
-        hosts: infos.into_iter().map(|i| i.host).collect(),
-    };
     let comm = Communicator {
         inner: Arc::new(Inner {
             rank,
             size,
             config,
             topo,
+            hosts,
             flags,
             state: Mutex::new(State {
                 engine,

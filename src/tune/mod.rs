@@ -116,6 +116,10 @@ pub(crate) struct Means {
     pub direct: bool,
     /// Largest message every link carries, capped by the configured slice size.
     pub slice_bytes: usize,
+    /// Number of hosts the ranks run on.
+    pub hosts: usize,
+    /// The most ranks any one host has.
+    pub per_host: usize,
 }
 
 /// The route for `plan` on a communicator offering `means`, configured by `config`, with the
@@ -131,11 +135,13 @@ pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config, costs: &Costs)
     }
     let (algorithm, why) = match config.algorithm {
         Some(a) if a.supports(plan.collective) => (a, "forced by OXCCL_ALGO"),
-        _ => default_algorithm(plan.collective, bytes, means.nranks),
+        _ => hierarchical(plan.collective, bytes, means)
+            .unwrap_or_else(|| default_algorithm(plan.collective, bytes, means.nranks)),
     };
     let choice = Choice::new(algorithm)
         .slice_bytes(means.slice_bytes)
-        .scratch_slots(config.scratch_slots);
+        .scratch_slots(config.scratch_slots)
+        .leg(leg(bytes, means));
     Decision {
         route: Route::Schedule(choice),
         why,
@@ -310,6 +316,44 @@ fn on_area(c: Collective) -> bool {
     )
 }
 
+/// The hierarchical algorithm where ranks span several hosts and share some: all-reduce at
+/// every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
+/// beyond, where the pipelined chain's bandwidth beats a tree's fewer hops.
+fn hierarchical(
+    collective: Collective,
+    bytes: usize,
+    means: &Means,
+) -> Option<(Algorithm, &'static str)> {
+    if means.hosts < 2 || means.per_host < 2 {
+        return None;
+    }
+    match collective {
+        Collective::AllReduce => Some((
+            Algorithm::Hierarchical,
+            "hierarchical: ranks share hosts; inside each host, between hosts by every rank \
+             on its share, inside each host",
+        )),
+        Collective::Broadcast | Collective::Reduce if means.hosts <= 4 || bytes > 256 << 10 => {
+            Some((
+                Algorithm::Hierarchical,
+                "hierarchical: chains through one leader per host",
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The leg between hosts of a hierarchical all-reduce: one exchange (direct) between two
+/// hosts, where a ring's two half-size steps move the same bytes in two rounds, and for
+/// latency-bound sizes; a ring beyond.
+fn leg(bytes: usize, means: &Means) -> Algorithm {
+    if means.hosts <= 2 || bytes <= 64 << 10 {
+        Algorithm::Direct
+    } else {
+        Algorithm::Ring
+    }
+}
+
 fn default_algorithm(collective: Collective, bytes: usize, n: usize) -> (Algorithm, &'static str) {
     match collective {
         Collective::AllReduce if n <= 2 && bytes <= 64 << 10 => (
@@ -351,6 +395,8 @@ mod tests {
             area,
             direct,
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
+            hosts: 1,
+            per_host: nranks,
         }
     }
 

@@ -516,6 +516,11 @@ pub fn run(case: &Case) -> Result<SimReport, String> {
 
 /// [`run`], optionally without the (quadratic) race check.
 pub fn run_checked(case: &Case, check_races: bool) -> Result<SimReport, String> {
+    run_on(case, &algo::Hosts::flat(case.n), check_races)
+}
+
+/// [`run_checked`] with the ranks on `hosts` (which has `case.n` ranks).
+pub fn run_on(case: &Case, hosts: &algo::Hosts, check_races: bool) -> Result<SimReport, String> {
     let Case {
         plan,
         choice,
@@ -528,7 +533,7 @@ pub fn run_checked(case: &Case, check_races: bool) -> Result<SimReport, String> 
         .map(|r| inputs(plan.dtype, plan.op, r, plan.input_count(r, n), &mut rng))
         .collect();
     let schedules: Vec<_> = (0..n)
-        .map(|r| algo::schedule(&plan, &choice, r, n))
+        .map(|r| algo::schedule_on(&plan, &choice, r, hosts))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{case:?}: {e}"))?;
     let mut bufs = buffers(&plan, n, &ins);

@@ -1,0 +1,355 @@
+//! Hierarchical algorithms: a leg inside each host, a leg between hosts, a leg inside each host
+//! again — so each byte crosses the slow links between hosts as few times as possible and the
+//! fast links inside a host (shared memory) carry the rest. Hosts may hold different numbers
+//! of ranks, and a host's ranks need not be numbered together.
+//!
+//! - All-reduce: a ring reduce-scatter inside each host leaves local rank i of a host with m
+//!   ranks that host's partial of block i of m; every element then has one owner per host, and
+//!   the owners of each stretch of elements (one per host, a different set per stretch, so every
+//!   rank's links between hosts work at once) all-reduce it between hosts with the leg
+//!   [`super::Choice::leg`] names ([`super::Algorithm::Ring`] or [`super::Algorithm::Direct`]);
+//!   a ring all-gather inside each host finishes. With m ranks on every host, the stretches are
+//!   the m blocks.
+//! - Broadcast: a pipelined chain through one leader per host (the root on its own host, the
+//!   lowest rank elsewhere), and from each leader a pipelined chain through its host.
+//! - Reduce: the reverse: a chain inside each host to its leader, then a chain of leaders to
+//!   the root.
+//!
+//! Every rank of one all-reduce gets the same bits: each element is folded by one rank inside
+//! a host, by one rank (ring) or in host order on each owner (direct) between hosts, and copied
+//! from there.
+
+use std::ops::Range;
+
+use super::partition::block;
+use super::{Algorithm, Collective, Gen, Region};
+use crate::types::Rank;
+
+pub(super) fn build(g: &mut Gen) {
+    match g.plan.collective {
+        Collective::AllReduce => all_reduce(g),
+        Collective::Broadcast => broadcast(g),
+        Collective::Reduce => reduce(g),
+        other => {
+            unreachable!("hierarchical does not implement {other}; checked by Algorithm::supports")
+        }
+    }
+}
+
+/// A stretch of elements and its owners, one per host, in host order.
+struct Stretch {
+    range: Range<usize>,
+    owners: Vec<Rank>,
+}
+
+/// The stretches of `count` elements: the `M` blocks, where M is the most ranks any host has;
+/// on a host of m ranks, block i belongs to local rank i mod m (so on hosts of M ranks, rank i
+/// owns block i, and on smaller hosts some ranks own more than one). Empty blocks are left out.
+fn stretches(g: &Gen, count: usize) -> Vec<Stretch> {
+    let hosts = g.hosts;
+    let big = hosts.largest();
+    (0..big)
+        .map(|i| Stretch {
+            range: block(count, big, i),
+            owners: (0..hosts.count())
+                .map(|h| {
+                    let ranks = hosts.members(h);
+                    ranks[i % ranks.len()]
+                })
+                .collect(),
+        })
+        .filter(|s| !s.range.is_empty())
+        .collect()
+}
+
+fn all_reduce(g: &mut Gen) {
+    let (count, op, n) = (g.plan.count, g.plan.op, g.n);
+    if count == 0 {
+        return;
+    }
+    let hosts = g.hosts;
+    let locals = hosts.members(hosts.host(g.rank));
+    let me = hosts.local(g.rank);
+    let (m, big) = (locals.len(), hosts.largest());
+    // Local rank j's share: blocks j, j + m, j + 2m, ... of the M blocks.
+    let share = move |j: usize| -> Vec<Range<usize>> {
+        (j % m..big)
+            .step_by(m)
+            .map(|i| block(count, big, i))
+            .collect()
+    };
+    reduce_scatter_ring(g, locals, me, &share);
+    let stretches = stretches(g, count);
+    let direct = g.choice.leg == Algorithm::Direct;
+    if direct
+        && stretches.iter().any(|s| {
+            s.owners
+                .iter()
+                .position(|&o| o == g.rank)
+                .is_some_and(|j| j > 0)
+        })
+    {
+        g.reserve_scratch();
+    }
+    for s in &stretches {
+        let Some(j) = s.owners.iter().position(|&o| o == g.rank) else {
+            continue;
+        };
+        if direct {
+            all_reduce_direct(g, &s.owners, j, s.range.clone());
+        } else {
+            all_reduce_ring(g, &s.owners, j, s.range.clone());
+        }
+        for sl in g.slices(s.range.clone()) {
+            g.b.finish_avg(g.output(sl), op, n);
+        }
+    }
+    all_gather_ring(g, locals, me, &share);
+}
+
+/// The slices of `ranges`, in order.
+fn pieces(g: &Gen, ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.into_iter().flat_map(|r| g.slices(r)).collect()
+}
+
+/// Ring reduce-scatter among `ranks` (this rank at position `me`): at step s position i sends
+/// block i−s−1 and folds block i−s−2 into the output, so the last step completes block i at
+/// its place in the output. The first step sends from the input.
+fn reduce_scatter_ring(
+    g: &mut Gen,
+    ranks: &[Rank],
+    me: usize,
+    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
+) {
+    let (m, op) = (ranks.len(), g.plan.op);
+    if m == 1 {
+        let all = 0..g.plan.count;
+        g.b.copy(g.output(all.clone()), g.input(all));
+        return;
+    }
+    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
+    for s in 0..m - 1 {
+        let sends = pieces(g, blk(me + 2 * m - s - 1));
+        let recvs = pieces(g, blk(me + 2 * m - s - 2));
+        for k in 0..sends.len().max(recvs.len()) {
+            if let Some(sl) = sends.get(k) {
+                let src = if s == 0 {
+                    g.input(sl.clone())
+                } else {
+                    g.output(sl.clone())
+                };
+                g.b.send(next, src);
+            }
+            if let Some(sl) = recvs.get(k) {
+                g.b.recv_reduce(prev, g.output(sl.clone()), g.input(sl.clone()), op);
+            }
+        }
+    }
+}
+
+/// Ring all-gather among `ranks` of the blocks each holds at their place in the output: at
+/// step s position i sends block i−s and receives block i−s−1.
+fn all_gather_ring(
+    g: &mut Gen,
+    ranks: &[Rank],
+    me: usize,
+    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
+) {
+    let m = ranks.len();
+    if m == 1 {
+        return;
+    }
+    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
+    for s in 0..m - 1 {
+        let sends = pieces(g, blk(me + m - s));
+        let recvs = pieces(g, blk(me + 2 * m - s - 1));
+        for k in 0..sends.len().max(recvs.len()) {
+            if let Some(sl) = sends.get(k) {
+                g.b.send(next, g.output(sl.clone()));
+            }
+            if let Some(sl) = recvs.get(k) {
+                g.b.recv(prev, g.output(sl.clone()));
+            }
+        }
+    }
+}
+
+/// Ring all-reduce among `ranks` (this rank at position `j`) of elements `range`, which every
+/// one of them holds in its output: reduce-scatter of `range` cut in `ranks.len()` blocks, then
+/// all-gather.
+fn all_reduce_ring(g: &mut Gen, ranks: &[Rank], j: usize, range: Range<usize>) {
+    let p = ranks.len();
+    if p == 1 {
+        return;
+    }
+    let blk = |c: usize| {
+        let b = block(range.len(), p, c % p);
+        range.start + b.start..range.start + b.end
+    };
+    let (next, prev) = (ranks[(j + 1) % p], ranks[(j + p - 1) % p]);
+    let op = g.plan.op;
+    // At step s position j sends block j−s and folds block j−s−1; it ends owning block j+1.
+    for s in 0..p - 1 {
+        let sends: Vec<_> = g.slices(blk(j + p - s)).collect();
+        let recvs: Vec<_> = g.slices(blk(j + 2 * p - s - 1)).collect();
+        for k in 0..sends.len().max(recvs.len()) {
+            if let Some(sl) = sends.get(k) {
+                g.b.send(next, g.output(sl.clone()));
+            }
+            if let Some(sl) = recvs.get(k) {
+                let dst = g.output(sl.clone());
+                g.b.recv_reduce(prev, dst, dst, op);
+            }
+        }
+    }
+    all_gather_ring(g, ranks, j, &|c| vec![blk(c + 1)]);
+}
+
+/// Direct all-reduce among `ranks` (this rank at position `j`) of elements `range` held in
+/// every one's output: each sends its part to all the others and folds all of them in position
+/// order, slice by slice. Contributions before this rank's own gather in a scratch slot.
+fn all_reduce_direct(g: &mut Gen, ranks: &[Rank], j: usize, range: Range<usize>) {
+    let (p, op) = (ranks.len(), g.plan.op);
+    for sl in g.slices(range) {
+        let own = g.output(sl.clone());
+        for d in 1..p {
+            g.b.send(ranks[(j + d) % p], own);
+        }
+        if j > 0 {
+            let acc = g.scratch(sl.len());
+            g.b.recv(ranks[0], acc);
+            for &q in &ranks[1..j] {
+                g.b.recv_reduce(q, acc, acc, op);
+            }
+            g.b.reduce(own, acc, own, op);
+        }
+        for &q in &ranks[j + 1..] {
+            g.b.recv_reduce(q, own, own, op);
+        }
+    }
+}
+
+/// Each host's leader (the root on the root's host, the lowest rank elsewhere) and the chain of
+/// hosts from the root's host on: (leaders by host, hosts in chain order).
+fn leaders(g: &Gen) -> (Vec<Rank>, Vec<usize>) {
+    let hosts = g.hosts;
+    let root_host = hosts.host(g.plan.root);
+    let leaders = (0..hosts.count())
+        .map(|h| {
+            if h == root_host {
+                g.plan.root
+            } else {
+                hosts.members(h)[0]
+            }
+        })
+        .collect();
+    let hc = hosts.count();
+    let chain = (0..hc).map(|k| (root_host + k) % hc).collect();
+    (leaders, chain)
+}
+
+/// This rank's host's ranks in chain order from `leader`: the leader, then the others in rank
+/// order after it, wrapping around.
+fn local_chain(g: &Gen, leader: Rank) -> Vec<Rank> {
+    let ranks = g.hosts.members(g.hosts.host(g.rank));
+    let at = ranks
+        .iter()
+        .position(|&r| r == leader)
+        .expect("leader is local");
+    (0..ranks.len())
+        .map(|k| ranks[(at + k) % ranks.len()])
+        .collect()
+}
+
+/// Neighbours of `x` in `chain`: (the one before, the one after).
+fn around<T: Copy + PartialEq>(chain: &[T], x: T) -> (Option<T>, Option<T>) {
+    let at = chain.iter().position(|&c| c == x).expect("in the chain");
+    (
+        at.checked_sub(1).map(|i| chain[i]),
+        chain.get(at + 1).copied(),
+    )
+}
+
+fn broadcast(g: &mut Gen) {
+    let count = g.plan.count;
+    if count == 0 {
+        return;
+    }
+    let (leaders, chain) = leaders(g);
+    let host = g.hosts.host(g.rank);
+    let leader = leaders[host];
+    let local = local_chain(g, leader);
+    let (local_prev, local_next) = around(&local, g.rank);
+    let (host_prev, host_next) = around(&chain, host);
+    for sl in g.slices(0..count) {
+        let src = if g.rank == g.plan.root {
+            g.b.copy(g.output(sl.clone()), g.input(sl.clone()));
+            g.input(sl.clone())
+        } else {
+            let from = match local_prev {
+                Some(p) => p,
+                None => leaders[host_prev.expect("only the root's host starts the chain")],
+            };
+            g.b.recv(from, g.output(sl.clone()));
+            g.output(sl.clone())
+        };
+        if g.rank == leader
+            && let Some(h) = host_next
+        {
+            g.b.send(leaders[h], src);
+        }
+        if let Some(next) = local_next {
+            g.b.send(next, src);
+        }
+    }
+}
+
+fn reduce(g: &mut Gen) {
+    let (count, op, n, root) = (g.plan.count, g.plan.op, g.n, g.plan.root);
+    if count == 0 {
+        return;
+    }
+    let (leaders, chain) = leaders(g);
+    let host = g.hosts.host(g.rank);
+    let leader = leaders[host];
+    let local = local_chain(g, leader);
+    // Partials flow against the chains: from a host's last rank to its leader, and from the
+    // last host's leader to the root.
+    let (local_down, local_up) = around(&local, g.rank);
+    let (host_down, host_up) = around(&chain, host);
+    let host_up = host_up.filter(|_| g.rank == leader);
+    if g.rank != root && (local_up.is_some() || host_up.is_some()) {
+        g.reserve_scratch();
+    }
+    for sl in g.slices(0..count) {
+        let mut value = g.input(sl.clone());
+        for up in [local_up, host_up.map(|h| leaders[h])]
+            .into_iter()
+            .flatten()
+        {
+            let dst = if g.rank == root {
+                g.output(sl.clone())
+            } else if value.buffer == super::Buffer::Scratch {
+                value
+            } else {
+                g.scratch(sl.len())
+            };
+            g.b.recv_reduce(up, dst, value, op);
+            value = dst;
+        }
+        let down = match local_down {
+            Some(d) => Some(d),
+            None => host_down.map(|h| leaders[h]),
+        };
+        match down {
+            Some(d) => {
+                g.b.send(d, value);
+            }
+            None => {
+                let out: Region = g.output(sl.clone());
+                g.b.copy(out, value);
+                g.b.finish_avg(out, op, n);
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Ranks on several hosts, simulated by host identities (`Config::host_id`) on threads of one
+//! process: shared memory links ranks of one host and TCP ranks of different hosts, as on a
+//! cluster. The topology shows the hosts, the tuner takes the hierarchical route where ranks
+//! both span hosts and share them, and every collective's result matches sums computed here
+//! (2 hosts × 2 ranks, 3 hosts × 1 rank, 2 + 1 ranks, and 2 + 1 + 3 with interleaved ranks).
+
+mod util;
+
+use std::time::Duration;
+
+use oxccl::algo::{Algorithm, Collective, Plan};
+use oxccl::config::TransportFilter;
+use oxccl::types::{DataType, ReduceOp};
+use oxccl::{Communicator, Config, Route, UniqueId};
+use util::procs::on_each;
+
+/// One communicator per rank, rank r on host `labels[r]`, over shared memory and TCP.
+fn cluster(labels: &[usize]) -> Vec<Communicator> {
+    let n = labels.len();
+    let id = UniqueId::new().expect("unique id");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = labels
+            .iter()
+            .enumerate()
+            .map(|(r, &h)| {
+                let id = &id;
+                s.spawn(move || {
+                    let mut config = Config::default()
+                        .transports(TransportFilter::only(&["shm", "tcp"]))
+                        .timeout(Duration::from_secs(60));
+                    config.host_id = Some(format!("host{h}"));
+                    Communicator::init_rank(id, n, r, config).expect("init")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("init thread"))
+            .collect()
+    })
+}
+
+/// Rank `r`'s value at `i`: small integers, so float sums are exact in any order.
+fn value(r: usize, i: usize) -> f32 {
+    ((i * 7 + r * 13) % 23) as f32 - 11.0
+}
+
+const COUNTS: [usize; 5] = [0, 1, 7, 1001, 300_007];
+
+/// Every collective on every rank, each result checked against the values computed here.
+fn check_collectives(comms: &[Communicator]) {
+    let n = comms.len();
+    let results = on_each(comms, |c| -> Result<(), String> {
+        let r = c.rank();
+        let fail = |what: &str, count: usize| format!("rank {r}: {what} of {count} wrong");
+        for (k, &count) in COUNTS.iter().enumerate() {
+            let mine: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+            let sum: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| value(q, i)).sum())
+                .collect();
+            let max: Vec<f32> = (0..count)
+                .map(|i| (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max))
+                .collect();
+            let root = (k + 1) % n;
+
+            let mut out = vec![0f32; count];
+            c.all_reduce(&mine, &mut out, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            if out != sum {
+                return Err(fail("all_reduce sum", count));
+            }
+            let mut buf = mine.clone();
+            c.all_reduce_in_place(&mut buf, ReduceOp::Max)
+                .map_err(|e| e.to_string())?;
+            if buf != max {
+                return Err(fail("all_reduce max in place", count));
+            }
+            let mut avg = mine.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            c.all_reduce_in_place(&mut avg, ReduceOp::Avg)
+                .map_err(|e| e.to_string())?;
+            let want: Vec<f64> = sum.iter().map(|&s| f64::from(s) / n as f64).collect();
+            if avg != want {
+                return Err(fail("all_reduce avg", count));
+            }
+
+            let mut out = vec![0f32; count];
+            c.broadcast(&mine, &mut out, root)
+                .map_err(|e| e.to_string())?;
+            if out != (0..count).map(|i| value(root, i)).collect::<Vec<_>>() {
+                return Err(fail("broadcast", count));
+            }
+            let mut out = vec![0f32; count];
+            c.reduce(&mine, &mut out, ReduceOp::Sum, root)
+                .map_err(|e| e.to_string())?;
+            if r == root && out != sum {
+                return Err(fail("reduce", count));
+            }
+
+            let mut gathered = vec![0f32; count * n];
+            c.all_gather(&mine, &mut gathered)
+                .map_err(|e| e.to_string())?;
+            let want: Vec<f32> = (0..n)
+                .flat_map(|q| (0..count).map(move |i| value(q, i)))
+                .collect();
+            if gathered != want {
+                return Err(fail("all_gather", count));
+            }
+            let mut block = vec![0f32; count];
+            c.reduce_scatter(&want, &mut block, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let rs: Vec<f32> = (0..count).map(|i| n as f32 * value(r, i)).collect();
+            if block != rs {
+                return Err(fail("reduce_scatter", count));
+            }
+        }
+        Ok(())
+    });
+    for (r, (result, _)) in results.into_iter().enumerate() {
+        result.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// Links, topology and routes as the layout implies, then every collective.
+fn check_layout(labels: &[usize]) {
+    let comms = cluster(labels);
+    let n = labels.len();
+    let nhosts = {
+        let mut h = labels.to_vec();
+        h.sort();
+        h.dedup();
+        h.len()
+    };
+    let shared = (0..n).any(|a| (0..n).any(|b| a != b && labels[a] == labels[b]));
+    for c in &comms {
+        let r = c.rank();
+        let want: Vec<Option<&str>> = (0..n)
+            .map(|q| (q != r).then_some(if labels[q] == labels[r] { "shm" } else { "tcp" }))
+            .collect();
+        assert_eq!(c.transports(), &want[..], "rank {r}'s links");
+        assert_eq!(c.topology().nhosts(), nhosts, "rank {r}'s topology");
+        for collective in [
+            Collective::AllReduce,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            for bytes in [8, 1 << 20] {
+                let plan = Plan::new(collective, bytes / 4, DataType::F32);
+                let route = c.explain(&plan).route;
+                let hierarchical = matches!(route,
+                    Route::Schedule(ch) if ch.algorithm == Algorithm::Hierarchical);
+                assert_eq!(
+                    hierarchical,
+                    nhosts > 1 && shared,
+                    "rank {r}: {collective} of {bytes} B on {labels:?} took {route:?}"
+                );
+            }
+        }
+    }
+    check_collectives(&comms);
+}
+
+#[test]
+fn two_hosts_of_two_ranks() {
+    check_layout(&[0, 0, 1, 1]);
+}
+
+#[test]
+fn three_hosts_of_one_rank() {
+    check_layout(&[0, 1, 2]);
+}
+
+#[test]
+fn hosts_of_two_and_one_ranks() {
+    check_layout(&[0, 1, 0]);
+}
+
+#[test]
+fn hosts_of_two_one_and_three_ranks_interleaved() {
+    check_layout(&[2, 0, 2, 1, 0, 2]);
+}

@@ -35,7 +35,7 @@ pub struct Config {
     /// Deadline of every wait: a collective, a connection, a store lookup (`OXCCL_TIMEOUT`,
     /// seconds; default 300; from [`Config::MIN_TIMEOUT`] to [`Config::MAX_TIMEOUT`]).
     pub timeout: Duration,
-    /// Forces an algorithm where it applies (`OXCCL_ALGO`: ring, tree, hd, direct).
+    /// Forces an algorithm where it applies (`OXCCL_ALGO`: ring, tree, hd, direct, hierarchical).
     pub algorithm: Option<Algorithm>,
     /// Which transports may be used, in preference order (`OXCCL_TRANSPORTS`): at least one,
     /// each among [`TransportFilter::KNOWN`], none twice.

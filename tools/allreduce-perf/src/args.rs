@@ -129,7 +129,7 @@ pub struct Cli {
     #[arg(long = "bind-to", value_name = "core|none", default_value = "core")]
     pub bind_to: oxccl::launch::Bind,
 
-    /// Force an algorithm (ring, tree, hd, direct; auto: the tuner's choice) (OXCCL_ALGO).
+    /// Force an algorithm (ring, tree, hd, direct, hierarchical; auto: the tuner's choice) (OXCCL_ALGO).
     #[arg(long, value_name = "NAME", value_parser = parse_algo)]
     pub algo: Option<AlgoChoice>,
 

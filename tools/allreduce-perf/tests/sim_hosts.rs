@@ -1,0 +1,161 @@
+//! allreduce-perf on simulated hosts (tools/sim-hosts/hosts.sh: each host its own network and
+//! UTS namespace and its own /dev/shm, ranks started with torchrun's variables): 2 hosts × 2
+//! ranks, 3 hosts × 1 rank, and hosts of 2 + 1 ranks. Every collective is checked against the
+//! benchmark's reference (exit status 0, no wrong element), the rank lines show the hosts and
+//! the links (shared memory inside a host, TCP between hosts), and the all-reduce, broadcast
+//! and reduce take the hierarchical route exactly where ranks both span hosts and share them.
+//!
+//! Needs root, iproute2 and bash ≥ 5.1; elsewhere each test says "skipped: <reason>", unless
+//! OXCCL_REQUIRE_SIMHOSTS is set (as CI does), which makes that a failure.
+
+mod util;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Why simulated hosts cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    let id = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&id.stdout).trim() != "0" {
+        return Some("simulated hosts need root (network namespaces)".into());
+    }
+    for tool in ["ip", "tc", "unshare", "nsenter", "setsid"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!(
+                "simulated hosts need {tool} (iproute2, util-linux)"
+            ));
+        }
+    }
+    None
+}
+
+/// Whether to go on: false (after saying why) when simulated hosts cannot run here and CI
+/// does not require them.
+fn can_run() -> bool {
+    match unavailable() {
+        None => true,
+        Some(why) if std::env::var_os("OXCCL_REQUIRE_SIMHOSTS").is_some() => {
+            panic!("OXCCL_REQUIRE_SIMHOSTS is set but {why}")
+        }
+        Some(why) => {
+            println!("skipped: {why}");
+            false
+        }
+    }
+}
+
+fn hosts_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sim-hosts/hosts.sh")
+}
+
+/// A rank's command: torchrun's variables from hosts.sh's, `SIM_SKIP` ("host:local") naming a
+/// slot that runs no rank (so 2 hosts × 2 slots make hosts of 2 + 1 ranks).
+const RANK: &str = r#"
+if [ "$SIM_HOST_INDEX:$SIM_LOCAL_RANK" = "$SIM_SKIP" ]; then exit 0; fi
+export RANK=$SIM_RANK WORLD_SIZE=$SIM_WORLD LOCAL_RANK=$SIM_LOCAL_RANK
+export LOCAL_WORLD_SIZE=$SIM_RANKS_PER_HOST MASTER_ADDR=$SIM_MASTER_ADDR MASTER_PORT=29500
+exec "$0" "$@"
+"#;
+
+/// Runs allreduce-perf on `hosts` hosts of `slots` ranks (less the `skip` slot) measuring
+/// `collective`; returns rank 0's output after checking the exit status.
+fn run(hosts: usize, slots: usize, skip: Option<(usize, usize)>, collective: &str) -> String {
+    let world = hosts * slots - usize::from(skip.is_some());
+    let out = Command::new("bash")
+        .arg(hosts_sh())
+        .args([
+            "-n",
+            &hosts.to_string(),
+            "-r",
+            &slots.to_string(),
+            "-q",
+            "-t",
+            "120",
+        ])
+        .args(["--", "sh", "-c", RANK, env!("CARGO_BIN_EXE_allreduce-perf")])
+        .args([
+            "-o", collective, "-b", "8", "-e", "2M", "-f", "8", "-n", "2", "-w", "1",
+        ])
+        .args(["-c", "1", "-r", "1", "-T", "60"])
+        .env("SIM_WORLD", world.to_string())
+        .env(
+            "SIM_SKIP",
+            skip.map_or(String::new(), |(h, l)| format!("{h}:{l}")),
+        )
+        .output()
+        .expect("run hosts.sh");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{collective} on {hosts} hosts × {slots} (skipping {skip:?}) failed ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The rank lines of an allreduce-perf table (`#  Rank  0 Group ...`).
+fn rank_lines(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| l.starts_with("#  Rank")).collect()
+}
+
+/// Every collective on the layout; `host_of[r]` is rank r's host.
+fn check_layout(hosts: usize, slots: usize, skip: Option<(usize, usize)>, host_of: &[usize]) {
+    let n = host_of.len();
+    let shared = (0..n).any(|a| (0..n).any(|b| a != b && host_of[a] == host_of[b]));
+    for collective in [
+        "allreduce",
+        "broadcast",
+        "reduce",
+        "allgather",
+        "reducescatter",
+        "alltoall",
+        "gather",
+        "scatter",
+    ] {
+        let text = run(hosts, slots, skip, collective);
+        let lines = rank_lines(&text);
+        assert_eq!(lines.len(), n, "{collective}: rank lines\n{text}");
+        for (r, line) in lines.iter().enumerate() {
+            let host = format!(" on   simhost{} ", host_of[r]);
+            assert!(line.contains(&host), "rank {r} should run {host}: {line}");
+            let alone = host_of.iter().filter(|&&h| h == host_of[r]).count() == 1;
+            let links = if alone { "[cpu] tcp;" } else { "shm,tcp;" };
+            if !line.contains(links) && !(line.contains("tcp,shm;") && !alone) {
+                panic!("rank {r} should link over {links}: {line}");
+            }
+            if matches!(collective, "allreduce" | "broadcast" | "reduce") {
+                assert_eq!(
+                    line.contains("hierarchical"),
+                    shared,
+                    "{collective}, rank {r}: {line}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn two_hosts_of_two_ranks() {
+    if can_run() {
+        check_layout(2, 2, None, &[0, 0, 1, 1]);
+    }
+}
+
+#[test]
+fn three_hosts_of_one_rank() {
+    if can_run() {
+        check_layout(3, 1, None, &[0, 1, 2]);
+    }
+}
+
+#[test]
+fn hosts_of_two_and_one_ranks() {
+    if can_run() {
+        check_layout(2, 2, Some((1, 1)), &[0, 0, 1]);
+    }
+}

@@ -81,6 +81,12 @@ pub struct Config {
     /// `$XDG_CACHE_HOME/oxccl/` or `~/.cache/oxccl/`, one file per host, rank count and
     /// library version). Read and written by rank 0 only.
     pub tune_file: Option<PathBuf>,
+    /// A whole job's topology to use instead of discovering it (`OXCCL_TOPO_FILE`, the JSON
+    /// that `OXCCL_TOPO_DUMP_FILE` writes): the hosts, NUMA nodes, NICs and GPUs the tuner
+    /// sees. Set it on every rank, with one place per rank.
+    pub topo_file: Option<PathBuf>,
+    /// Where rank 0 writes the job's topology as JSON after creation (`OXCCL_TOPO_DUMP_FILE`).
+    pub topo_dump_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -99,6 +105,8 @@ impl Default for Config {
             area_way: None,
             tune: Tune::Cache,
             tune_file: None,
+            topo_file: None,
+            topo_dump_file: None,
         }
     }
 }
@@ -206,6 +214,12 @@ impl Config {
         c.tune_file = get("OXCCL_TUNE_FILE")
             .filter(|v| !v.trim().is_empty())
             .map(PathBuf::from);
+        c.topo_file = get("OXCCL_TOPO_FILE")
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
+        c.topo_dump_file = get("OXCCL_TOPO_DUMP_FILE")
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             c.scratch_slots = number("OXCCL_SCRATCH_SLOTS", &v, "not a count")?;
         }
@@ -309,6 +323,22 @@ impl Config {
     pub fn tune_file(self, path: Option<PathBuf>) -> Config {
         Config {
             tune_file: path,
+            ..self
+        }
+    }
+
+    /// With [`Config::topo_file`] set.
+    pub fn topo_file(self, path: Option<PathBuf>) -> Config {
+        Config {
+            topo_file: path,
+            ..self
+        }
+    }
+
+    /// With [`Config::topo_dump_file`] set.
+    pub fn topo_dump_file(self, path: Option<PathBuf>) -> Config {
+        Config {
+            topo_dump_file: path,
             ..self
         }
     }

@@ -21,7 +21,7 @@ use crate::exec::area::AreaPath;
 use crate::exec::descriptor;
 use crate::exec::driver::Engine;
 use crate::exec::flags::Flags;
-use crate::topo::{self, Topology};
+use crate::topo::{self, Topology, discover};
 use crate::tune;
 use crate::types::Rank;
 
@@ -108,6 +108,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         infos.push(info);
     }
 
+    let topo = topology(&boot, &store, &config, rank, size, &infos, deadline)?;
+
     // Each peer gets the first allowed transport that can reach it.
     let mut assigned: Vec<Vec<&PeerInfo>> = vec![Vec::new(); transports.len()];
     let mut link_names = vec![None; size];
@@ -172,13 +174,11 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let flags = Arc::new(Flags::new());
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());
-    let topo = Topology {
-        hosts: infos.into_iter().map(|i| i.host).collect(),
-    };
     let hosts = Hosts::from_labels(&topo.hosts);
     let means = tune::Means {
         nranks: size,
-        area: area.is_some(),
+        // A fixture that spreads the ranks over hosts is what the tuner sees.
+        area: area.is_some() && hosts.count() == 1,
         direct: area.as_ref().is_some_and(AreaPath::direct),
         slice_bytes,
         hosts: hosts.count(),
@@ -218,6 +218,72 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         }),
     };
     tuning::finish(comm, calibrate)
+}
+
+/// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery
+/// exchanged through the store (one key per rank). Rank 0 writes it to
+/// `OXCCL_TOPO_DUMP_FILE` when set.
+fn topology(
+    boot: &Boot,
+    store: &PrefixStore,
+    config: &Config,
+    rank: Rank,
+    size: usize,
+    infos: &[PeerInfo],
+    deadline: Instant,
+) -> Result<Topology> {
+    let topo = if let Some(path) = &config.topo_file {
+        let t = Topology::load(path)?;
+        if t.nranks() != size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: OXCCL_TOPO_FILE {} describes {} ranks, but this communicator has {size}",
+                path.display(),
+                t.nranks()
+            )));
+        }
+        t
+    } else {
+        let tcp = config.transports.order().any(|t| t == "tcp");
+        let nic = if boot.hub.is_some() || !tcp {
+            None
+        } else {
+            iface::choose_ip(boot.store_addr).ok().and_then(|ip| {
+                let ifs = if_addrs::get_if_addrs().ok()?;
+                ifs.into_iter().find(|i| i.ip() == ip).map(|i| i.name)
+            })
+        };
+        let me = &infos[rank];
+        let (host, place) =
+            discover::local(std::path::Path::new("/"), &me.host, &topo::host_name(), nic);
+        let mine = serde_json::to_vec(&(host, place))
+            .map_err(|e| Error::Bootstrap(format!("rank {rank}: topology: {e}")))?;
+        store.set(&format!("topo/{rank}"), &mine)?;
+        let mut views = Vec::with_capacity(size);
+        for (r, info) in infos.iter().enumerate() {
+            let bytes = store.get(&format!("topo/{r}"), deadline)?;
+            let (host, place): (topo::Host, topo::Place) = serde_json::from_slice(&bytes)
+                .ok()
+                .filter(|(h, _): &(topo::Host, _)| h.id == info.host)
+                .ok_or_else(|| {
+                    Error::Bootstrap(format!(
+                        "rank {rank}: rank {r} published an unreadable topology"
+                    ))
+                })?;
+            views.push((host, place));
+        }
+        Topology::assemble(views)
+    };
+    if rank == 0
+        && let Some(path) = &config.topo_dump_file
+    {
+        std::fs::write(path, topo.to_json()).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "rank 0: OXCCL_TOPO_DUMP_FILE {}: cannot be written: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(topo)
 }
 
 /// The transports, and the shared-memory group area's handle when shm is among them.

@@ -1,10 +1,23 @@
-//! Topology: which ranks share a host (and later NUMA nodes, NICs, GPUs). Discovery reads the
-//! local system once at communicator creation; the result is plain data exchanged through the
-//! store. No sockets here.
+//! Topology: where the ranks of a communicator run — which ranks share a host, each host's NUMA
+//! nodes, caches, NICs and GPUs, each rank's CPU binding and NIC. Discovery
+//! ([`discover`]) reads the local system once at communicator creation; the result is plain,
+//! versioned data exchanged through the store (one key per rank), loadable from a fixture
+//! (`OXCCL_TOPO_FILE`) and written for people and tools (`OXCCL_TOPO_DUMP_FILE`, [`Topology`]'s
+//! `Display`). No sockets here.
 
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::error::{Error, Result};
 use crate::types::Rank;
+
+pub(crate) mod discover;
+
+/// The version of [`Topology`]'s serialized form; a fixture of another version is refused.
+pub const TOPOLOGY_VERSION: u32 = 1;
 
 /// This process's host identity: `OXCCL_HOST_ID` if set (through `configured`), else a hash of
 /// the kernel boot id, the host name and the network namespace, so that two network namespaces
@@ -15,28 +28,126 @@ pub fn host_id(configured: Option<&str>) -> String {
         return id.to_owned();
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name = host_name();
     let netns = std::fs::read_link("/proc/self/ns/net")
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let digest = Sha256::new()
         .chain_update(boot.trim())
         .chain_update([0])
-        .chain_update(name.trim())
+        .chain_update(&name)
         .chain_update([0])
         .chain_update(netns)
         .finalize();
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{hex}", name.trim())
+    format!("{name}-{hex}")
 }
 
-/// Where the ranks of a communicator run. Grows with discovery (NUMA, NICs, GPUs): built only
-/// here, read through its fields and methods.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The kernel's host name.
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Where the ranks of a communicator run: built by discovery or read from a fixture, read
+/// through its fields and methods.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Topology {
+    /// [`TOPOLOGY_VERSION`].
+    pub version: u32,
     /// Host identity of each rank.
     pub hosts: Vec<String>,
+    /// Each distinct host's hardware, in order of first appearance among the ranks.
+    pub machines: Vec<Host>,
+    /// Each rank's place.
+    pub ranks: Vec<Place>,
+}
+
+/// One host's hardware.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// Host identity (what [`Topology::hosts`] holds).
+    pub id: String,
+    /// Host name.
+    pub name: String,
+    /// NUMA nodes (one holding everything where the kernel shows none).
+    pub numa: Vec<NumaNode>,
+    /// Caches as CPU 0 sees them, smallest level first.
+    pub caches: Vec<Cache>,
+    /// Network interfaces but loopback.
+    pub nics: Vec<Nic>,
+    /// GPUs on the PCI bus.
+    pub gpus: Vec<Gpu>,
+}
+
+/// A NUMA node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    /// Node number.
+    pub id: u32,
+    /// Its CPUs, in Linux cpulist syntax (`0-3,8-11`).
+    pub cpus: String,
+    /// Its memory in bytes (0: unknown).
+    pub memory_bytes: u64,
+}
+
+/// A CPU cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {
+    /// Level (1, 2, 3).
+    pub level: u8,
+    /// `Data`, `Instruction` or `Unified`.
+    pub kind: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// How many CPUs share one such cache.
+    pub shared_by: u32,
+}
+
+/// A network interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nic {
+    /// Interface name.
+    pub name: String,
+    /// Its IP addresses.
+    pub addresses: Vec<String>,
+    /// Link speed in Mbit/s (`None`: the kernel does not say, as for virtual interfaces).
+    pub speed_mbps: Option<u64>,
+    /// NUMA node of its device (`None`: unknown or virtual).
+    pub numa: Option<i32>,
+    /// RDMA devices on it (`mlx5_0`, `rxe0`).
+    pub rdma: Vec<String>,
+}
+
+/// A GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// PCI bus id (`0000:3b:00.0`).
+    pub pci: String,
+    /// PCI vendor id (`0x10de`).
+    pub vendor: String,
+    /// PCI device id.
+    pub device: String,
+    /// NUMA node (`None`: unknown).
+    pub numa: Option<i32>,
+}
+
+/// Where one rank runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Place {
+    /// Index of its host in [`Topology::machines`].
+    pub host: usize,
+    /// Process id.
+    pub pid: u32,
+    /// CPUs it may run on (cpulist syntax).
+    pub cpus: String,
+    /// NUMA nodes those CPUs belong to.
+    pub numa: Vec<u32>,
+    /// The interface its TCP links use (`None`: none chosen).
+    pub nic: Option<String>,
 }
 
 impl Topology {
@@ -57,6 +168,245 @@ impl Topology {
     pub fn same_host(&self, a: Rank, b: Rank) -> bool {
         self.hosts[a] == self.hosts[b]
     }
+
+    /// The whole job's topology from each rank's own view (rank r's host and place), hosts
+    /// described by the first rank on each.
+    pub(crate) fn assemble(views: Vec<(Host, Place)>) -> Topology {
+        let mut machines: Vec<Host> = Vec::new();
+        let mut hosts = Vec::with_capacity(views.len());
+        let mut ranks = Vec::with_capacity(views.len());
+        for (host, mut place) in views {
+            hosts.push(host.id.clone());
+            place.host = match machines.iter().position(|m| m.id == host.id) {
+                Some(i) => i,
+                None => {
+                    machines.push(host);
+                    machines.len() - 1
+                }
+            };
+            ranks.push(place);
+        }
+        Topology {
+            version: TOPOLOGY_VERSION,
+            hosts,
+            machines,
+            ranks,
+        }
+    }
+
+    /// A topology in which only the host identities are known.
+    #[cfg(test)]
+    pub(crate) fn of_hosts(hosts: Vec<String>) -> Topology {
+        let views = hosts
+            .into_iter()
+            .map(|id| {
+                let host = Host {
+                    name: id.clone(),
+                    id,
+                    numa: Vec::new(),
+                    caches: Vec::new(),
+                    nics: Vec::new(),
+                    gpus: Vec::new(),
+                };
+                let place = Place {
+                    host: 0,
+                    pid: std::process::id(),
+                    cpus: String::new(),
+                    numa: Vec::new(),
+                    nic: None,
+                };
+                (host, place)
+            })
+            .collect();
+        Topology::assemble(views)
+    }
+
+    /// The JSON form (what `OXCCL_TOPO_DUMP_FILE` holds and `OXCCL_TOPO_FILE` reads).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// A topology from its JSON form, checked: the version, one place and host identity per
+    /// rank, places naming hosts that exist and whose identity matches the rank's.
+    pub fn from_json(text: &str) -> Result<Topology> {
+        let bad = |why: String| Error::InvalidArgument(format!("topology: {why}"));
+        let t: Topology = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if t.version != TOPOLOGY_VERSION {
+            return Err(bad(format!(
+                "version {} is not {TOPOLOGY_VERSION}, the one this library reads",
+                t.version
+            )));
+        }
+        if t.ranks.len() != t.hosts.len() {
+            return Err(bad(format!(
+                "{} ranks have host identities but {} have places",
+                t.hosts.len(),
+                t.ranks.len()
+            )));
+        }
+        for (r, p) in t.ranks.iter().enumerate() {
+            match t.machines.get(p.host) {
+                Some(m) if m.id == t.hosts[r] => {}
+                _ => {
+                    return Err(bad(format!(
+                        "rank {r}'s place names host {} but its host identity is {:?}",
+                        p.host, t.hosts[r]
+                    )));
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// Reads a fixture (`OXCCL_TOPO_FILE`).
+    pub fn load(path: &Path) -> Result<Topology> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "OXCCL_TOPO_FILE {}: cannot be read: {e}",
+                path.display()
+            ))
+        })?;
+        Topology::from_json(&text)
+            .map_err(|e| Error::InvalidArgument(format!("OXCCL_TOPO_FILE {}: {e}", path.display())))
+    }
+}
+
+impl fmt::Display for Topology {
+    /// Hosts × ranks, then each host's NUMA nodes, caches, NICs and GPUs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "topology: {} ranks on {} hosts",
+            self.nranks(),
+            self.machines.len()
+        )?;
+        for (h, m) in self.machines.iter().enumerate() {
+            let ranks: Vec<String> = (0..self.ranks.len())
+                .filter(|&r| self.ranks[r].host == h)
+                .map(|r| r.to_string())
+                .collect();
+            writeln!(
+                f,
+                "host {h} {} ({}): ranks {}",
+                m.name,
+                m.id,
+                ranks.join(" ")
+            )?;
+            for n in &m.numa {
+                writeln!(
+                    f,
+                    "  numa {}: cpus {}, {}",
+                    n.id,
+                    n.cpus,
+                    gib(n.memory_bytes)
+                )?;
+            }
+            if !m.caches.is_empty() {
+                let c: Vec<String> = m
+                    .caches
+                    .iter()
+                    .map(|c| {
+                        let kind = match c.kind.as_str() {
+                            "Data" => "d",
+                            "Instruction" => "i",
+                            _ => "",
+                        };
+                        let by = match c.shared_by {
+                            1 => "cpu".to_owned(),
+                            n => format!("{n} cpus"),
+                        };
+                        format!("L{}{kind} {} per {by}", c.level, size(c.bytes))
+                    })
+                    .collect();
+                writeln!(f, "  caches: {}", c.join(", "))?;
+            }
+            for n in &m.nics {
+                writeln!(
+                    f,
+                    "  nic {}: {}; {}; numa {}; rdma {}",
+                    n.name,
+                    if n.addresses.is_empty() {
+                        "no address".to_owned()
+                    } else {
+                        n.addresses.join(" ")
+                    },
+                    n.speed_mbps
+                        .map_or("speed unknown".to_owned(), |s| format!("{s} Mbit/s")),
+                    n.numa.map_or("-".to_owned(), |x| x.to_string()),
+                    if n.rdma.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        n.rdma.join(" ")
+                    }
+                )?;
+            }
+            if m.gpus.is_empty() {
+                writeln!(f, "  gpus: none")?;
+            }
+            for g in &m.gpus {
+                writeln!(
+                    f,
+                    "  gpu {} ({}:{}); numa {}",
+                    g.pci,
+                    g.vendor,
+                    g.device,
+                    g.numa.map_or("-".to_owned(), |x| x.to_string())
+                )?;
+            }
+            for (r, p) in self.ranks.iter().enumerate().filter(|(_, p)| p.host == h) {
+                let numa: Vec<String> = p.numa.iter().map(u32::to_string).collect();
+                writeln!(
+                    f,
+                    "  rank {r}: pid {}, cpus {}, numa {}, nic {}",
+                    p.pid,
+                    if p.cpus.is_empty() { "?" } else { &p.cpus },
+                    if numa.is_empty() {
+                        "?".to_owned()
+                    } else {
+                        numa.join(",")
+                    },
+                    p.nic.as_deref().unwrap_or("-")
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+fn size(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+/// Linux cpulist syntax (`0-3,8,10-11`).
+pub(crate) mod cpulist {
+    /// The CPUs a cpulist names, ascending; malformed parts are skipped and ranges are capped
+    /// at 65,536 CPUs so a garbage list cannot allocate without bound.
+    pub fn parse(list: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.trim().parse::<u32>(), b.trim().parse::<u32>()),
+                None => (part.parse::<u32>(), part.parse::<u32>()),
+            };
+            if let (Ok(a), Ok(b)) = (a, b)
+                && a <= b
+                && b < 65_536
+            {
+                out.extend(a..=b);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 #[cfg(test)]
@@ -67,10 +417,44 @@ mod tests {
     fn host_id_is_stable_and_overridable() {
         assert_eq!(host_id(None), host_id(None));
         assert_eq!(host_id(Some("node7")), "node7");
-        let t = Topology {
-            hosts: vec!["a".into(), "b".into(), "a".into()],
-        };
+        let t = Topology::of_hosts(vec!["a".into(), "b".into(), "a".into()]);
         assert_eq!(t.nhosts(), 2);
         assert!(t.same_host(0, 2) && !t.same_host(0, 1));
+        assert_eq!(t.ranks[2].host, 0);
+    }
+
+    #[test]
+    fn cpulists_parse_and_garbage_is_skipped() {
+        assert_eq!(cpulist::parse("0-3,8,10-11"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(cpulist::parse(" 5 ,x,3-1,7-70000,2"), vec![2, 5]);
+        assert!(cpulist::parse("").is_empty());
+    }
+
+    #[test]
+    fn json_round_trips_and_bad_fixtures_are_refused() {
+        let t = Topology::of_hosts(vec!["a".into(), "b".into()]);
+        assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
+        let mut v = t.clone();
+        v.version = 99;
+        assert!(Topology::from_json(&v.to_json()).is_err());
+        let mut v = t.clone();
+        v.ranks.pop();
+        assert!(Topology::from_json(&v.to_json()).is_err());
+        let mut v = t.clone();
+        v.ranks[1].host = 0;
+        assert!(Topology::from_json(&v.to_json()).is_err());
+        assert!(Topology::from_json("{").is_err());
+        assert!(Topology::from_json("[1,2]").is_err());
+    }
+
+    #[test]
+    fn display_shows_hosts_ranks_and_hardware() {
+        let (host, place) = discover::local(Path::new("/"), "id0", "box", Some("eth0".to_owned()));
+        let t = Topology::assemble(vec![(host.clone(), place.clone()), (host, place)]);
+        let text = t.to_string();
+        assert!(text.starts_with("topology: 2 ranks on 1 hosts\nhost 0 box (id0): ranks 0 1\n"));
+        assert!(text.contains("  numa 0: cpus "), "{text}");
+        assert!(text.contains("  rank 1: pid "), "{text}");
+        assert!(text.contains("nic eth0"), "{text}");
     }
 }

@@ -178,6 +178,11 @@ pub struct Cli {
     /// OXCCL_TUNE, OXCCL_TUNE_FILE).
     #[arg(long)]
     pub calibrate: bool,
+
+    /// Print the job's topology (hosts x ranks, NUMA nodes, caches, NICs, GPUs, each rank's
+    /// binding and NIC) and exit without measuring
+    #[arg(long)]
+    pub topo: bool,
 }
 
 /// Where buffers live.
@@ -300,6 +305,8 @@ pub struct Settings {
     pub corrupt_rank: Option<usize>,
     /// `--calibrate`.
     pub calibrate: bool,
+    /// `--topo`.
+    pub topo: bool,
 }
 
 impl Cli {
@@ -383,6 +390,7 @@ impl Cli {
             device: self.device,
             corrupt_rank: self.corrupt_rank,
             calibrate: self.calibrate,
+            topo: self.topo,
         })
     }
 }

@@ -104,6 +104,14 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
             "--corrupt-rank {r}: not a rank of this job of {n} ranks"
         ));
     }
+    if s.topo {
+        if rank == 0 {
+            print!("{}", comm.topology());
+        }
+        // Rank 0 may host the store: it leaves only once every rank is done with it.
+        comm.barrier().map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
     if s.calibrate {
         let started = std::time::Instant::now();
         let costs = comm.calibrate().map_err(|e| e.to_string())?;

@@ -64,23 +64,24 @@ exec "$0" "$@"
 /// Runs allreduce-perf on `hosts` hosts of `slots` ranks (less the `skip` slot) measuring
 /// `collective`; returns rank 0's output after checking the exit status.
 fn run(hosts: usize, slots: usize, skip: Option<(usize, usize)>, collective: &str) -> String {
+    let args = [
+        "-o", collective, "-b", "8", "-e", "2M", "-f", "8", "-n", "2", "-w", "1", "-c", "1", "-r",
+        "1", "-T", "60",
+    ];
+    perf(hosts, slots, skip, &args)
+}
+
+/// Runs allreduce-perf with `args` on `hosts` hosts of `slots` ranks (less the `skip` slot);
+/// returns rank 0's output after checking the exit status.
+fn perf(hosts: usize, slots: usize, skip: Option<(usize, usize)>, args: &[&str]) -> String {
+    let collective = args.join(" ");
     let world = hosts * slots - usize::from(skip.is_some());
+    let (n, r) = (hosts.to_string(), slots.to_string());
     let out = Command::new("bash")
         .arg(hosts_sh())
-        .args([
-            "-n",
-            &hosts.to_string(),
-            "-r",
-            &slots.to_string(),
-            "-q",
-            "-t",
-            "120",
-        ])
+        .args(["-n", &n, "-r", &r, "-q", "-t", "120"])
         .args(["--", "sh", "-c", RANK, env!("CARGO_BIN_EXE_allreduce-perf")])
-        .args([
-            "-o", collective, "-b", "8", "-e", "2M", "-f", "8", "-n", "2", "-w", "1",
-        ])
-        .args(["-c", "1", "-r", "1", "-T", "60"])
+        .args(args)
         .env("SIM_WORLD", world.to_string())
         .env(
             "SIM_SKIP",
@@ -107,6 +108,26 @@ fn rank_lines(text: &str) -> Vec<&str> {
 fn check_layout(hosts: usize, slots: usize, skip: Option<(usize, usize)>, host_of: &[usize]) {
     let n = host_of.len();
     let shared = (0..n).any(|a| (0..n).any(|b| a != b && host_of[a] == host_of[b]));
+    // The discovered topology shows the hosts, their NICs and which ranks run where.
+    let topo = perf(hosts, slots, skip, &["--topo"]);
+    assert!(
+        topo.starts_with(&format!("topology: {n} ranks on {hosts} hosts\n")),
+        "{topo}"
+    );
+    for h in 0..hosts {
+        let ranks: Vec<String> = (0..n)
+            .filter(|&r| host_of[r] == h)
+            .map(|r| r.to_string())
+            .collect();
+        let line = format!("host {h} simhost{h} (simhost{h}-");
+        assert!(topo.contains(&line), "{line}: {topo}");
+        assert!(
+            topo.contains(&format!("): ranks {}\n", ranks.join(" "))),
+            "{topo}"
+        );
+        let nic = format!("  nic eth0: 10.231.0.{}; 10000 Mbit/s;", h + 1);
+        assert!(topo.contains(&nic), "{nic}: {topo}");
+    }
     for collective in [
         "allreduce",
         "broadcast",

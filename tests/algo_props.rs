@@ -269,21 +269,30 @@ fn traffic(schedules: &[oxccl::algo::Schedule], hosts: &Hosts) -> (usize, usize)
 /// Hierarchical all-reduce moves exactly the bytes theory says: inside each host of m ranks a
 /// ring reduce-scatter and all-gather, 2(m−1)·S; between the H hosts 2(H−1)·S with the ring
 /// leg and H(H−1)·S with the direct one (every stretch's owners exchange it whole).
+///
+/// Hierarchical all-gather of blocks of B bytes on n ranks: every block crosses to each other
+/// host once, n(H−1)·B, and a ring all-gather inside each host of m ranks, (m−1)·n·B.
 fn check_hierarchical_traffic(case: &Case, hosts: &Hosts) -> Result<(), String> {
     let plan = &case.plan;
-    if plan.collective != Collective::AllReduce {
-        return Ok(());
-    }
     let schedules: Vec<_> = (0..case.n)
         .map(|r| oxccl::algo::schedule_on(plan, &case.choice, r, hosts).unwrap())
         .collect();
     let s = plan.count * plan.dtype.size();
-    let h = hosts.count();
-    let want_inside: usize = (0..h).map(|x| 2 * (hosts.members(x).len() - 1) * s).sum();
-    let want_between = if case.choice.leg == Algorithm::Direct {
-        h * (h - 1) * s
-    } else {
-        2 * (h - 1) * s
+    let (h, n) = (hosts.count(), case.n);
+    let (want_inside, want_between): (usize, usize) = match plan.collective {
+        Collective::AllReduce => (
+            (0..h).map(|x| 2 * (hosts.members(x).len() - 1) * s).sum(),
+            if case.choice.leg == Algorithm::Direct {
+                h * (h - 1) * s
+            } else {
+                2 * (h - 1) * s
+            },
+        ),
+        Collective::AllGather => (
+            (0..h).map(|x| (hosts.members(x).len() - 1) * n * s).sum(),
+            n * (h - 1) * s,
+        ),
+        _ => return Ok(()),
     };
     let got = traffic(&schedules, hosts);
     if got != (want_inside, want_between) {
@@ -322,6 +331,7 @@ fn hierarchical_on_uneven_interleaved_hosts() {
         let n = labels.len();
         for collective in [
             Collective::AllReduce,
+            Collective::AllGather,
             Collective::Broadcast,
             Collective::Reduce,
         ] {

@@ -140,6 +140,7 @@ fn check_layout(labels: &[usize]) {
         assert_eq!(c.topology().nhosts(), nhosts, "rank {r}'s topology");
         for collective in [
             Collective::AllReduce,
+            Collective::AllGather,
             Collective::Broadcast,
             Collective::Reduce,
         ] {

@@ -10,6 +10,8 @@
 //!   [`super::Choice::leg`] names ([`super::Algorithm::Ring`] or [`super::Algorithm::Direct`]);
 //!   a ring all-gather inside each host finishes. With m ranks on every host, the stretches are
 //!   the m blocks.
+//! - All-gather: every rank sends its block once to each other host, to the rank there that
+//!   owns its column, then a ring all-gather inside each host.
 //! - Broadcast: a pipelined chain through one leader per host (the root on its own host, the
 //!   lowest rank elsewhere), and from each leader a pipelined chain through its host.
 //! - Reduce: the reverse: a chain inside each host to its leader, then a chain of leaders to
@@ -28,6 +30,7 @@ use crate::types::Rank;
 pub(super) fn build(g: &mut Gen) {
     match g.plan.collective {
         Collective::AllReduce => all_reduce(g),
+        Collective::AllGather => all_gather(g),
         Collective::Broadcast => broadcast(g),
         Collective::Reduce => reduce(g),
         other => {
@@ -227,6 +230,62 @@ fn all_reduce_direct(g: &mut Gen, ranks: &[Rank], j: usize, range: Range<usize>)
             g.b.recv_reduce(q, own, own, op);
         }
     }
+}
+
+/// Hierarchical all-gather: every rank sends its block straight to one rank on each other
+/// host — the owner there of its column (its local index; on a host of m ranks, column i
+/// belongs to local rank i mod m) — then each host runs a ring all-gather of what its ranks
+/// hold: each its own block and the blocks of its columns from the other hosts. Each block
+/// crosses to each other host once.
+fn all_gather(g: &mut Gen) {
+    let (count, r) = (g.plan.count, g.rank);
+    if count == 0 {
+        return;
+    }
+    let hosts = g.hosts;
+    let host = hosts.host(r);
+    let locals = hosts.members(host);
+    let (me, m, big) = (hosts.local(r), locals.len(), hosts.largest());
+    let at = move |x: Rank| x * count..(x + 1) * count;
+    let others: Vec<usize> = (0..hosts.count()).filter(|&h| h != host).collect();
+    let owner = |h: usize, column: usize| hosts.members(h)[column % hosts.members(h).len()];
+    for sl in g.slices(0..count) {
+        for &h in &others {
+            g.b.send(owner(h, me), g.input(sl.clone()));
+        }
+    }
+    // The blocks this rank receives: column i (i ≡ me mod m) of every other host that has
+    // such a rank.
+    let columns: Vec<usize> = (me..big).step_by(m).collect();
+    let from = |h: usize| -> Vec<Rank> {
+        let ranks = hosts.members(h);
+        columns
+            .iter()
+            .filter_map(|&i| ranks.get(i).copied())
+            .collect()
+    };
+    for sl in g.slices(0..count) {
+        for &h in &others {
+            for x in from(h) {
+                let block = at(x);
+                g.b.recv(x, g.output(block.start + sl.start..block.start + sl.end));
+            }
+        }
+    }
+    g.b.copy(g.output(at(r)), g.input(0..count));
+    // Local rank k's share: the blocks of column i ≡ k (mod m) on every host.
+    let share = move |k: usize| -> Vec<Range<usize>> {
+        let mut blocks = Vec::new();
+        for i in (k % m..big).step_by(m) {
+            for h in 0..hosts.count() {
+                if let Some(&x) = hosts.members(h).get(i) {
+                    blocks.push(at(x));
+                }
+            }
+        }
+        blocks
+    };
+    all_gather_ring(g, locals, me, &share);
 }
 
 /// Each host's leader (the root on the root's host, the lowest rank elsewhere) and the chain of

@@ -10,7 +10,7 @@
 //! | [`Algorithm::Tree`] | double binary tree all-reduce, binomial broadcast and reduce |
 //! | [`Algorithm::HalvingDoubling`] | Rabenseifner all-reduce with the non-power-of-two fold |
 //! | [`Algorithm::Direct`] | every collective: one-shot all-reduce, pairwise all-to-all and reduce-scatter, flat gather/scatter/broadcast/reduce/all-gather, dissemination barrier |
-//! | [`Algorithm::Hierarchical`] | all-reduce (inside hosts, between hosts by every rank on its share, inside hosts), broadcast and reduce (chains through host leaders) |
+//! | [`Algorithm::Hierarchical`] | all-reduce (inside hosts, between hosts by every rank on its share, inside hosts), all-gather (between hosts, then inside), broadcast and reduce (chains through host leaders) |
 //!
 //! Only the hierarchical algorithms read where ranks run ([`Hosts`], given to [`schedule_on`]);
 //! [`schedule`] puts every rank on a host of its own.
@@ -356,7 +356,9 @@ impl Algorithm {
             Algorithm::Tree => matches!(collective, AllReduce | Broadcast | Reduce),
             Algorithm::HalvingDoubling => matches!(collective, AllReduce),
             Algorithm::Direct => true,
-            Algorithm::Hierarchical => matches!(collective, AllReduce | Broadcast | Reduce),
+            Algorithm::Hierarchical => {
+                matches!(collective, AllReduce | AllGather | Broadcast | Reduce)
+            }
         }
     }
 }

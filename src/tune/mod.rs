@@ -316,8 +316,8 @@ fn on_area(c: Collective) -> bool {
     )
 }
 
-/// The hierarchical algorithm where ranks span several hosts and share some: all-reduce at
-/// every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
+/// The hierarchical algorithm where ranks span several hosts and share some: all-reduce and
+/// all-gather at every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
 /// beyond, where the pipelined chain's bandwidth beats a tree's fewer hops.
 fn hierarchical(
     collective: Collective,
@@ -332,6 +332,10 @@ fn hierarchical(
             Algorithm::Hierarchical,
             "hierarchical: ranks share hosts; inside each host, between hosts by every rank \
              on its share, inside each host",
+        )),
+        Collective::AllGather => Some((
+            Algorithm::Hierarchical,
+            "hierarchical: each block once to each other host, then inside each host",
         )),
         Collective::Broadcast | Collective::Reduce if means.hosts <= 4 || bytes > 256 << 10 => {
             Some((

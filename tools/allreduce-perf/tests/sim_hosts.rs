@@ -2,8 +2,9 @@
 //! UTS namespace and its own /dev/shm, ranks started with torchrun's variables): 2 hosts × 2
 //! ranks, 3 hosts × 1 rank, and hosts of 2 + 1 ranks. Every collective is checked against the
 //! benchmark's reference (exit status 0, no wrong element), the rank lines show the hosts and
-//! the links (shared memory inside a host, TCP between hosts), and the all-reduce, broadcast
-//! and reduce take the hierarchical route exactly where ranks both span hosts and share them.
+//! the links (shared memory inside a host, TCP between hosts), and the all-reduce, all-gather,
+//! broadcast and reduce take the hierarchical route exactly where ranks both span hosts and
+//! share them.
 //!
 //! Needs root, iproute2 and bash ≥ 5.1; elsewhere each test says "skipped: <reason>", unless
 //! OXCCL_REQUIRE_SIMHOSTS is set (as CI does), which makes that a failure.
@@ -155,7 +156,10 @@ fn check_layout(hosts: usize, slots: usize, skip: Option<(usize, usize)>, host_o
                 links.iter().any(|l| line.contains(l)),
                 "rank {r} should link over {links:?}: {line}"
             );
-            if matches!(collective, "allreduce" | "broadcast" | "reduce") {
+            if matches!(
+                collective,
+                "allreduce" | "allgather" | "broadcast" | "reduce"
+            ) {
                 assert_eq!(
                     line.contains("hierarchical"),
                     shared,

@@ -271,7 +271,8 @@ fn traffic(schedules: &[oxccl::algo::Schedule], hosts: &Hosts) -> (usize, usize)
 /// leg and H(H−1)·S with the direct one (every stretch's owners exchange it whole).
 ///
 /// Hierarchical all-gather of blocks of B bytes on n ranks: every block crosses to each other
-/// host once, n(H−1)·B, and a ring all-gather inside each host of m ranks, (m−1)·n·B.
+/// host once, n(H−1)·B, and a ring all-gather inside each host of m ranks, (m−1)·n·B; the
+/// reduce-scatter, its mirror, moves the same.
 fn check_hierarchical_traffic(case: &Case, hosts: &Hosts) -> Result<(), String> {
     let plan = &case.plan;
     let schedules: Vec<_> = (0..case.n)
@@ -288,7 +289,7 @@ fn check_hierarchical_traffic(case: &Case, hosts: &Hosts) -> Result<(), String> 
                 2 * (h - 1) * s
             },
         ),
-        Collective::AllGather => (
+        Collective::AllGather | Collective::ReduceScatter => (
             (0..h).map(|x| (hosts.members(x).len() - 1) * n * s).sum(),
             n * (h - 1) * s,
         ),
@@ -332,6 +333,7 @@ fn hierarchical_on_uneven_interleaved_hosts() {
         for collective in [
             Collective::AllReduce,
             Collective::AllGather,
+            Collective::ReduceScatter,
             Collective::Broadcast,
             Collective::Reduce,
         ] {

@@ -91,6 +91,8 @@ fn hierarchical_1024_ranks_on_128_hosts() {
         let hosts = oxccl::algo::Hosts::from_labels(&labels);
         for (collective, count) in [
             (Collective::AllReduce, 4 * 1024 + 3),
+            (Collective::AllGather, 3),
+            (Collective::ReduceScatter, 3),
             (Collective::Broadcast, 1000),
             (Collective::Reduce, 1000),
         ] {

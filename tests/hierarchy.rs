@@ -141,6 +141,7 @@ fn check_layout(labels: &[usize]) {
         for collective in [
             Collective::AllReduce,
             Collective::AllGather,
+            Collective::ReduceScatter,
             Collective::Broadcast,
             Collective::Reduce,
         ] {

@@ -12,6 +12,8 @@
 //!   the m blocks.
 //! - All-gather: every rank sends its block once to each other host, to the rank there that
 //!   owns its column, then a ring all-gather inside each host.
+//! - Reduce-scatter: the mirror image: each column's owner folds its host's contributions to
+//!   that column's blocks and sends each fold once to the block's rank on another host.
 //! - Broadcast: a pipelined chain through one leader per host (the root on its own host, the
 //!   lowest rank elsewhere), and from each leader a pipelined chain through its host.
 //! - Reduce: the reverse: a chain inside each host to its leader, then a chain of leaders to
@@ -31,6 +33,7 @@ pub(super) fn build(g: &mut Gen) {
     match g.plan.collective {
         Collective::AllReduce => all_reduce(g),
         Collective::AllGather => all_gather(g),
+        Collective::ReduceScatter => reduce_scatter(g),
         Collective::Broadcast => broadcast(g),
         Collective::Reduce => reduce(g),
         other => {
@@ -286,6 +289,72 @@ fn all_gather(g: &mut Gen) {
         blocks
     };
     all_gather_ring(g, locals, me, &share);
+}
+
+/// Hierarchical reduce-scatter, the all-gather's mirror: on each host, the owner of a column
+/// (local rank i mod m owns column i) folds its host's contributions to the blocks of every
+/// rank in that column, and sends each fold to that block's rank on another host; each rank
+/// folds its own block: its own contribution, its host's others in local order, then the other
+/// hosts' folds in host order. Each block crosses to its rank once from each other host; partial
+/// folds live in scratch slots, slice by slice.
+fn reduce_scatter(g: &mut Gen) {
+    let (count, r, op, n) = (g.plan.count, g.rank, g.plan.op, g.n);
+    if count == 0 {
+        return;
+    }
+    let hosts = g.hosts;
+    let host = hosts.host(r);
+    let locals = hosts.members(host);
+    let (me, m, big) = (hosts.local(r), locals.len(), hosts.largest());
+    let column_owner = |h: usize, column: usize| {
+        let ranks = hosts.members(h);
+        ranks[column % ranks.len()]
+    };
+    // Every rank's block in one order all ranks agree on: by column, then by host.
+    let order: Vec<Rank> = (0..big)
+        .flat_map(|i| (0..hosts.count()).filter_map(move |h| hosts.members(h).get(i).copied()))
+        .collect();
+    let at = move |x: Rank, sl: &Range<usize>| x * count + sl.start..x * count + sl.end;
+    if m > 1 {
+        g.reserve_scratch();
+    }
+    for sl in g.slices(0..count) {
+        // This rank's contributions to the blocks other local ranks fold.
+        for &x in &order {
+            let owner = column_owner(host, hosts.local(x));
+            if owner != r {
+                g.b.send(owner, g.input(at(x, &sl)));
+            }
+        }
+        for &x in &order {
+            if column_owner(host, hosts.local(x)) != r {
+                continue;
+            }
+            let own = g.input(at(x, &sl));
+            let others = locals.iter().copied().filter(|&q| q != r);
+            if x == r {
+                let out = g.output(sl.clone());
+                g.b.copy(out, own);
+                for q in others {
+                    g.b.recv_reduce(q, out, out, op);
+                }
+                for h in (0..hosts.count()).filter(|&h| h != host) {
+                    g.b.recv_reduce(column_owner(h, me), out, out, op);
+                }
+                g.b.finish_avg(out, op, n);
+            } else {
+                let mut value = own;
+                if m > 1 {
+                    let dst = g.scratch(sl.len());
+                    for q in others {
+                        g.b.recv_reduce(q, dst, value, op);
+                        value = dst;
+                    }
+                }
+                g.b.send(x, value);
+            }
+        }
+    }
 }
 
 /// Each host's leader (the root on the root's host, the lowest rank elsewhere) and the chain of

@@ -10,7 +10,7 @@
 //! | [`Algorithm::Tree`] | double binary tree all-reduce, binomial broadcast and reduce |
 //! | [`Algorithm::HalvingDoubling`] | Rabenseifner all-reduce with the non-power-of-two fold |
 //! | [`Algorithm::Direct`] | every collective: one-shot all-reduce, pairwise all-to-all and reduce-scatter, flat gather/scatter/broadcast/reduce/all-gather, dissemination barrier |
-//! | [`Algorithm::Hierarchical`] | all-reduce (inside hosts, between hosts by every rank on its share, inside hosts), all-gather (between hosts, then inside), broadcast and reduce (chains through host leaders) |
+//! | [`Algorithm::Hierarchical`] | all-reduce (inside hosts, between hosts by every rank on its share, inside hosts), all-gather (between hosts, then inside), reduce-scatter (inside, then between), broadcast and reduce (chains through host leaders) |
 //!
 //! Only the hierarchical algorithms read where ranks run ([`Hosts`], given to [`schedule_on`]);
 //! [`schedule`] puts every rank on a host of its own.
@@ -357,7 +357,10 @@ impl Algorithm {
             Algorithm::HalvingDoubling => matches!(collective, AllReduce),
             Algorithm::Direct => true,
             Algorithm::Hierarchical => {
-                matches!(collective, AllReduce | AllGather | Broadcast | Reduce)
+                matches!(
+                    collective,
+                    AllReduce | AllGather | ReduceScatter | Broadcast | Reduce
+                )
             }
         }
     }

@@ -316,8 +316,8 @@ fn on_area(c: Collective) -> bool {
     )
 }
 
-/// The hierarchical algorithm where ranks span several hosts and share some: all-reduce and
-/// all-gather at every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
+/// The hierarchical algorithm where ranks span several hosts and share some: all-reduce,
+/// all-gather and reduce-scatter at every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
 /// beyond, where the pipelined chain's bandwidth beats a tree's fewer hops.
 fn hierarchical(
     collective: Collective,
@@ -336,6 +336,10 @@ fn hierarchical(
         Collective::AllGather => Some((
             Algorithm::Hierarchical,
             "hierarchical: each block once to each other host, then inside each host",
+        )),
+        Collective::ReduceScatter => Some((
+            Algorithm::Hierarchical,
+            "hierarchical: folded inside each host, then once to each block's rank",
         )),
         Collective::Broadcast | Collective::Reduce if means.hosts <= 4 || bytes > 256 << 10 => {
             Some((

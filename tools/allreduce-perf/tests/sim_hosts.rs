@@ -3,7 +3,7 @@
 //! ranks, 3 hosts × 1 rank, and hosts of 2 + 1 ranks. Every collective is checked against the
 //! benchmark's reference (exit status 0, no wrong element), the rank lines show the hosts and
 //! the links (shared memory inside a host, TCP between hosts), and the all-reduce, all-gather,
-//! broadcast and reduce take the hierarchical route exactly where ranks both span hosts and
+//! reduce-scatter, broadcast and reduce take the hierarchical route exactly where ranks both span hosts and
 //! share them.
 //!
 //! Needs root, iproute2 and bash ≥ 5.1; elsewhere each test says "skipped: <reason>", unless

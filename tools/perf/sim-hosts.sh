@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# All-reduce across simulated hosts (tools/sim-hosts/hosts.sh), in one run per link rate:
+# one TCP stream between two hosts (tcp_stream.py), 2 hosts x 1 rank, and 2 hosts x 2 ranks
+# with the tuner's route (hierarchical) and with flat algorithms forced. Prints, per size,
+# the time of each (out of place) and, at the end, the issue's ratios: 8 B on 2 x 2 against
+# 2 x 1, and the largest size's bus bandwidth against the stream.
+#
+# Usage: tools/perf/sim-hosts.sh [-b RATE]... [-e MAXBYTES] [-R REPEATS]   (root; release build)
+#   -b RATE   tbf rate per host, repeatable (default: none, i.e. unshaped veth); e.g. -b 1gbit
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rates=(); max=64M; repeats=3
+while getopts "b:e:R:" o; do
+  case $o in b) rates+=("$OPTARG");; e) max=$OPTARG;; R) repeats=$OPTARG;; *) exit 2;; esac
+done
+[ ${#rates[@]} -gt 0 ] || rates=(none)
+cargo build --release -q -p allreduce-perf
+perf="$PWD/target/release/allreduce-perf"
+hosts="$PWD/tools/sim-hosts/hosts.sh"
+out="target/perf/sim-hosts-$(date +%Y%m%d-%H%M%S)"; mkdir -p "$out"
+rank_sh="$out/rank.sh"
+cat >"$rank_sh" <<'R'
+#!/bin/sh
+export RANK=$SIM_RANK WORLD_SIZE=$SIM_WORLD_SIZE LOCAL_RANK=$SIM_LOCAL_RANK
+export LOCAL_WORLD_SIZE=$SIM_RANKS_PER_HOST MASTER_ADDR=$SIM_MASTER_ADDR MASTER_PORT=29500
+exec "$@"
+R
+chmod +x "$rank_sh"
+# Rows of an allreduce-perf table: size, out-of-place time (us), bus bandwidth (GB/s).
+rows() { awk '$1 ~ /^[0-9]+$/ && NF >= 13 {print $1, $6, $8}'; }
+for rate in "${rates[@]}"; do
+  shape=(); [ "$rate" != none ] && shape=(-b "$rate")
+  echo "== rate $rate"
+  bash "$hosts" -n 2 -r 1 -q "${shape[@]}" -t 60 -- python3 tools/perf/tcp_stream.py 3 2>/dev/null \
+    | tee "$out/stream-$rate.txt"
+  for setup in "2x1 auto" "2x2 auto" "2x2 ring" "2x2 direct" "2x2 hd"; do
+    read -r layout algo <<<"$setup"
+    n=${layout%x*}; r=${layout#*x}
+    bash "$hosts" -n "$n" -r "$r" -q "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
+      -b 8 -e "$max" -f 8 -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" 2>/dev/null \
+      >"$out/$rate-$layout-$algo.txt"
+    grep -m1 "Rank  0" "$out/$rate-$layout-$algo.txt" | sed "s/^/# $layout $algo: /"
+  done
+  python3 - "$out" "$rate" <<'PY'
+import sys, re, pathlib
+out, rate = pathlib.Path(sys.argv[1]), sys.argv[2]
+setups = ["2x1-auto", "2x2-auto", "2x2-ring", "2x2-direct", "2x2-hd"]
+tables = {}
+for s in setups:
+    rows = {}
+    for line in (out / f"{rate}-{s}.txt").read_text().splitlines():
+        f = line.split()
+        if len(f) >= 13 and f[0].isdigit():
+            rows[int(f[0])] = (float(f[5]), float(f[7]))
+    tables[s] = rows
+sizes = sorted(tables["2x2-auto"])
+print("| size | " + " | ".join(s.replace("-", " ") for s in setups) + " | auto / best flat 2x2 |")
+print("|---" * (len(setups) + 2) + "|")
+for b in sizes:
+    t = [tables[s].get(b, (float("nan"), 0))[0] for s in setups]
+    best_flat = min(t[2:])
+    print(f"| {b} | " + " | ".join(f"{x:.1f} µs" for x in t) + f" | {best_flat / t[1]:.2f}× |")
+stream = float(re.search(r"= ([0-9.]+) GB/s", (out / f"stream-{rate}.txt").read_text()).group(1))
+big = sizes[-1]
+bus = tables["2x2-auto"][big][1]
+print(f"8 B: 2x2 {tables['2x2-auto'][8][0]:.1f} µs / 2x1 {tables['2x1-auto'][8][0]:.1f} µs"
+      f" = {tables['2x2-auto'][8][0] / tables['2x1-auto'][8][0]:.2f}x (target <= 1.5x)")
+print(f"{big} B: 2x2 bus bandwidth {bus:.3f} GB/s / one TCP stream {stream:.3f} GB/s"
+      f" = {bus / stream:.0%} (target >= 90%)")
+PY
+done
+echo "raw outputs: $out"

@@ -266,8 +266,9 @@ impl<'a> Server<'a> {
     }
 }
 
+/// Whether two MACs are equal, in time that does not depend on where they differ.
 fn constant_time_eq(a: &[u8; MAC_LEN], b: &[u8; MAC_LEN]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(&a[..], &b[..]).into()
 }
 
 fn read_exact(s: &mut impl Read, buf: &mut [u8]) -> Result<()> {

@@ -20,15 +20,27 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// A new zero-filled segment of `len` bytes.
+    /// A new zero-filled segment of `len` bytes, sealed so that its size can never change
+    /// (a peer that shrank it would make this process's accesses fault).
     pub fn create(name: &str, len: usize) -> io::Result<Segment> {
-        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         Segment::map(fd)
     }
 
-    /// Maps a segment received from a peer (its size is the file's size).
+    /// Maps a segment received from a peer (its size is the file's size); refuses one whose
+    /// size is not sealed, since a peer could shrink it under us.
     pub fn map(fd: OwnedFd) -> io::Result<Segment> {
+        use rustix::fs::SealFlags;
+        let seals = rustix::fs::fcntl_get_seals(&fd)?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shared segment not sealed against resizing",
+            ));
+        }
         let len = rustix::fs::fstat(&fd)?.st_size as usize;
         if len == 0 {
             return Err(io::Error::new(
@@ -79,5 +91,32 @@ impl Drop for Segment {
         // SAFETY: we mapped exactly this range and nothing refers to it after drop (links own
         // their segments and are dropped as a whole).
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_sealed_and_unsealed_ones_are_refused() {
+        let seg = Segment::create("oxccl-test", 4096).unwrap();
+        assert!(
+            rustix::fs::ftruncate(seg.fd(), 1024).is_err(),
+            "shrinking must fail"
+        );
+        assert!(
+            rustix::fs::ftruncate(seg.fd(), 8192).is_err(),
+            "growing must fail"
+        );
+        // A peer's segment arrives as a descriptor: the same file maps again.
+        let again = rustix::io::dup(seg.fd()).unwrap();
+        assert_eq!(Segment::map(again).unwrap().len(), 4096);
+
+        let plain =
+            rustix::fs::memfd_create("oxccl-plain", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&plain, 4096).unwrap();
+        let e = Segment::map(plain).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 }

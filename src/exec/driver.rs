@@ -46,8 +46,13 @@ use crate::reduce::cpu;
 use crate::tune::Way;
 use crate::types::{DataType, Rank};
 
-/// Spin this long without progress before yielding the processor.
-const SPIN: Duration = Duration::from_micros(20);
+/// Spin this long without progress before yielding the processor. Short, because yielding
+/// costs little where the awaited rank has a core of its own (it keeps polling through
+/// `sched_yield`) and a lot where it shares ours: measured 2026-11-25, 2 µs against 20 µs took
+/// 8-byte all-reduces on 2 simulated hosts × 2 ranks (4 ranks on the 2 cores) from 73–81 µs
+/// to 29 µs, and left 2 ranks over TCP with a core each within 0.1 µs (4.7 µs) — allreduce-perf
+/// under tools/sim-hosts/hosts.sh, and `allreduce-perf --transport tcp`.
+const SPIN: Duration = Duration::from_micros(2);
 /// Yield this long without progress before blocking in `poll(2)`.
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest single block, so aborts and deadlines are noticed even without a waker.

@@ -26,6 +26,7 @@
 use std::ops::Range;
 
 use super::partition::block;
+use super::ring::{all_gather_among, reduce_scatter_among};
 use super::{Algorithm, Collective, Gen, Region};
 use crate::types::Rank;
 
@@ -84,7 +85,7 @@ fn all_reduce(g: &mut Gen) {
             .map(|i| block(count, big, i))
             .collect()
     };
-    reduce_scatter_ring(g, locals, me, &share);
+    reduce_scatter_among(g, locals, me, &share);
     let stretches = stretches(g, count);
     let direct = g.choice.leg == Algorithm::Direct;
     if direct
@@ -110,74 +111,7 @@ fn all_reduce(g: &mut Gen) {
             g.b.finish_avg(g.output(sl), op, n);
         }
     }
-    all_gather_ring(g, locals, me, &share);
-}
-
-/// The slices of `ranges`, in order.
-fn pieces(g: &Gen, ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    ranges.into_iter().flat_map(|r| g.slices(r)).collect()
-}
-
-/// Ring reduce-scatter among `ranks` (this rank at position `me`): at step s position i sends
-/// block i−s−1 and folds block i−s−2 into the output, so the last step completes block i at
-/// its place in the output. The first step sends from the input.
-fn reduce_scatter_ring(
-    g: &mut Gen,
-    ranks: &[Rank],
-    me: usize,
-    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
-) {
-    let (m, op) = (ranks.len(), g.plan.op);
-    if m == 1 {
-        let all = 0..g.plan.count;
-        g.b.copy(g.output(all.clone()), g.input(all));
-        return;
-    }
-    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
-    for s in 0..m - 1 {
-        let sends = pieces(g, blk(me + 2 * m - s - 1));
-        let recvs = pieces(g, blk(me + 2 * m - s - 2));
-        for k in 0..sends.len().max(recvs.len()) {
-            if let Some(sl) = sends.get(k) {
-                let src = if s == 0 {
-                    g.input(sl.clone())
-                } else {
-                    g.output(sl.clone())
-                };
-                g.b.send(next, src);
-            }
-            if let Some(sl) = recvs.get(k) {
-                g.b.recv_reduce(prev, g.output(sl.clone()), g.input(sl.clone()), op);
-            }
-        }
-    }
-}
-
-/// Ring all-gather among `ranks` of the blocks each holds at their place in the output: at
-/// step s position i sends block i−s and receives block i−s−1.
-fn all_gather_ring(
-    g: &mut Gen,
-    ranks: &[Rank],
-    me: usize,
-    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
-) {
-    let m = ranks.len();
-    if m == 1 {
-        return;
-    }
-    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
-    for s in 0..m - 1 {
-        let sends = pieces(g, blk(me + m - s));
-        let recvs = pieces(g, blk(me + 2 * m - s - 1));
-        for k in 0..sends.len().max(recvs.len()) {
-            if let Some(sl) = sends.get(k) {
-                g.b.send(next, g.output(sl.clone()));
-            }
-            if let Some(sl) = recvs.get(k) {
-                g.b.recv(prev, g.output(sl.clone()));
-            }
-        }
-    }
+    all_gather_among(g, locals, me, &share);
 }
 
 /// Ring all-reduce among `ranks` (this rank at position `j`) of elements `range`, which every
@@ -208,7 +142,7 @@ fn all_reduce_ring(g: &mut Gen, ranks: &[Rank], j: usize, range: Range<usize>) {
             }
         }
     }
-    all_gather_ring(g, ranks, j, &|c| vec![blk(c + 1)]);
+    all_gather_among(g, ranks, j, &|c| vec![blk(c + 1)]);
 }
 
 /// Direct all-reduce among `ranks` (this rank at position `j`) of elements `range` held in
@@ -288,7 +222,7 @@ fn all_gather(g: &mut Gen) {
         }
         blocks
     };
-    all_gather_ring(g, locals, me, &share);
+    all_gather_among(g, locals, me, &share);
 }
 
 /// Hierarchical reduce-scatter, the all-gather's mirror: on each host, the owner of a column
@@ -357,12 +291,24 @@ fn reduce_scatter(g: &mut Gen) {
     }
 }
 
-/// Each host's leader (the root on the root's host, the lowest rank elsewhere) and the chain of
-/// hosts from the root's host on: (leaders by host, hosts in chain order).
-fn leaders(g: &Gen) -> (Vec<Rank>, Vec<usize>) {
+/// Where this rank sits in the chains of a broadcast or reduce.
+struct Chains {
+    /// Each host's leader: the root on the root's host, the lowest rank elsewhere.
+    leaders: Vec<Rank>,
+    /// This rank's host.
+    host: usize,
+    /// That host's leader.
+    leader: Rank,
+    /// That host's ranks from the leader on, then the others in rank order after it, wrapping.
+    local: Vec<Rank>,
+    /// The hosts from the root's on.
+    hosts: Vec<usize>,
+}
+
+fn chains(g: &Gen) -> Chains {
     let hosts = g.hosts;
-    let root_host = hosts.host(g.plan.root);
-    let leaders = (0..hosts.count())
+    let (hc, root_host) = (hosts.count(), hosts.host(g.plan.root));
+    let leaders: Vec<Rank> = (0..hc)
         .map(|h| {
             if h == root_host {
                 g.plan.root
@@ -371,22 +317,22 @@ fn leaders(g: &Gen) -> (Vec<Rank>, Vec<usize>) {
             }
         })
         .collect();
-    let hc = hosts.count();
-    let chain = (0..hc).map(|k| (root_host + k) % hc).collect();
-    (leaders, chain)
-}
-
-/// This rank's host's ranks in chain order from `leader`: the leader, then the others in rank
-/// order after it, wrapping around.
-fn local_chain(g: &Gen, leader: Rank) -> Vec<Rank> {
-    let ranks = g.hosts.members(g.hosts.host(g.rank));
+    let host = hosts.host(g.rank);
+    let leader = leaders[host];
+    let ranks = hosts.members(host);
     let at = ranks
         .iter()
         .position(|&r| r == leader)
         .expect("leader is local");
-    (0..ranks.len())
-        .map(|k| ranks[(at + k) % ranks.len()])
-        .collect()
+    Chains {
+        local: (0..ranks.len())
+            .map(|k| ranks[(at + k) % ranks.len()])
+            .collect(),
+        hosts: (0..hc).map(|k| (root_host + k) % hc).collect(),
+        leaders,
+        host,
+        leader,
+    }
 }
 
 /// Neighbours of `x` in `chain`: (the one before, the one after).
@@ -403,12 +349,15 @@ fn broadcast(g: &mut Gen) {
     if count == 0 {
         return;
     }
-    let (leaders, chain) = leaders(g);
-    let host = g.hosts.host(g.rank);
-    let leader = leaders[host];
-    let local = local_chain(g, leader);
+    let Chains {
+        leaders,
+        host,
+        leader,
+        local,
+        hosts,
+    } = chains(g);
     let (local_prev, local_next) = around(&local, g.rank);
-    let (host_prev, host_next) = around(&chain, host);
+    let (host_prev, host_next) = around(&hosts, host);
     for sl in g.slices(0..count) {
         let src = if g.rank == g.plan.root {
             g.b.copy(g.output(sl.clone()), g.input(sl.clone()));
@@ -437,14 +386,17 @@ fn reduce(g: &mut Gen) {
     if count == 0 {
         return;
     }
-    let (leaders, chain) = leaders(g);
-    let host = g.hosts.host(g.rank);
-    let leader = leaders[host];
-    let local = local_chain(g, leader);
+    let Chains {
+        leaders,
+        host,
+        leader,
+        local,
+        hosts,
+    } = chains(g);
     // Partials flow against the chains: from a host's last rank to its leader, and from the
     // last host's leader to the root.
     let (local_down, local_up) = around(&local, g.rank);
-    let (host_down, host_up) = around(&chain, host);
+    let (host_down, host_up) = around(&hosts, host);
     let host_up = host_up.filter(|_| g.rank == leader);
     if g.rank != root && (local_up.is_some() || host_up.is_some()) {
         g.reserve_scratch();

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use super::partition::block;
 use super::{Collective, Gen, Region};
+use crate::types::Rank;
 
 pub(super) fn build(g: &mut Gen) {
     match g.plan.collective {
@@ -30,15 +31,40 @@ fn all_reduce(g: &mut Gen) {
     if count == 0 {
         return;
     }
-    if n == 1 {
-        g.b.copy(g.output(0..count), g.input(0..count));
+    let ranks: Vec<Rank> = (0..n).collect();
+    // Rank r owns block r+1, so that not every rank starts with block 0.
+    let owned = move |c: usize| vec![block(count, n, (c + 1) % n)];
+    reduce_scatter_among(g, &ranks, r, &owned);
+    for sl in g.slices(block(count, n, (r + 1) % n)) {
+        g.b.finish_avg(g.output(sl), op, n);
+    }
+    all_gather_among(g, &ranks, r, &owned);
+}
+
+/// The slices of `ranges`, in order.
+fn pieces(g: &Gen, ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.into_iter().flat_map(|r| g.slices(r)).collect()
+}
+
+/// Ring reduce-scatter among `ranks` (any ranks, in ring order) (this rank at position `me`): at step s position i sends
+/// block i−s−1 and folds block i−s−2 into the output, so the last step completes block i at
+/// its place in the output. The first step sends from the input.
+pub(super) fn reduce_scatter_among(
+    g: &mut Gen,
+    ranks: &[Rank],
+    me: usize,
+    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
+) {
+    let (m, op) = (ranks.len(), g.plan.op);
+    if m == 1 {
+        let all = 0..g.plan.count;
+        g.b.copy(g.output(all.clone()), g.input(all));
         return;
     }
-    let (next, prev) = neighbours(g);
-    let blk = |c: usize| block(count, n, c % n);
-    for s in 0..n - 1 {
-        let sends: Vec<_> = g.slices(blk(r + n - s)).collect();
-        let recvs: Vec<_> = g.slices(blk(r + 2 * n - s - 1)).collect();
+    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
+    for s in 0..m - 1 {
+        let sends = pieces(g, blk(me + 2 * m - s - 1));
+        let recvs = pieces(g, blk(me + 2 * m - s - 2));
         for k in 0..sends.len().max(recvs.len()) {
             if let Some(sl) = sends.get(k) {
                 let src = if s == 0 {
@@ -53,10 +79,33 @@ fn all_reduce(g: &mut Gen) {
             }
         }
     }
-    for sl in g.slices(blk(r + 1)) {
-        g.b.finish_avg(g.output(sl), op, n);
+}
+
+/// Ring all-gather among `ranks` of the blocks each holds at their place in the output: at
+/// step s position i sends block i−s and receives block i−s−1.
+pub(super) fn all_gather_among(
+    g: &mut Gen,
+    ranks: &[Rank],
+    me: usize,
+    blk: &dyn Fn(usize) -> Vec<Range<usize>>,
+) {
+    let m = ranks.len();
+    if m == 1 {
+        return;
     }
-    gather_ring(g, blk, |g, c| g.output(c), 1);
+    let (next, prev) = (ranks[(me + 1) % m], ranks[(me + m - 1) % m]);
+    for s in 0..m - 1 {
+        let sends = pieces(g, blk(me + m - s));
+        let recvs = pieces(g, blk(me + 2 * m - s - 1));
+        for k in 0..sends.len().max(recvs.len()) {
+            if let Some(sl) = sends.get(k) {
+                g.b.send(next, g.output(sl.clone()));
+            }
+            if let Some(sl) = recvs.get(k) {
+                g.b.recv(prev, g.output(sl.clone()));
+            }
+        }
+    }
 }
 
 /// The all-gather half shared by all-reduce and all-gather: at step s rank r sends block

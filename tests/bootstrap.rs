@@ -964,10 +964,42 @@ fn rendezvous_opens_the_store_it_hosts() {
         opened.store.get("hello", soon()).unwrap()
     });
     let opened = env("0").open_store(soon()).unwrap();
-    assert!(opened.server.is_some());
+    // It listens on the store's address only, not on every interface.
+    let listening = opened
+        .server
+        .as_ref()
+        .expect("rank 0 hosts the store")
+        .local_addr();
+    assert_eq!(listening, format!("127.0.0.1:{port}").parse().unwrap());
     assert_eq!(opened.secret, Secret::from_hex(TOKEN).unwrap());
     opened.store.set("hello", b"rank 0 here").unwrap();
     assert_eq!(joiner.join().unwrap(), b"rank 0 here");
+}
+
+/// A host name that resolves to loopback here may name this host's real address elsewhere
+/// (Debian's 127.0.1.1), so the store then listens on every interface.
+#[test]
+fn a_store_named_by_a_loopback_host_name_listens_everywhere() {
+    let port = {
+        let l = TcpListener::bind(localhost()).unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let port = port.to_string();
+    let r = read(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "localhost"),
+        ("MASTER_PORT", &port),
+        ("OXCCL_TOKEN", TOKEN),
+    ]);
+    let opened = r.open_store(soon()).unwrap();
+    let listening = opened
+        .server
+        .as_ref()
+        .expect("rank 0 hosts the store")
+        .local_addr();
+    assert!(listening.ip().is_unspecified(), "{listening}");
+    opened.store.set("k", b"v").unwrap();
 }
 
 #[test]

@@ -362,7 +362,8 @@ impl Rendezvous {
     }
 
     /// Connects to the job's store, first starting it when this rank hosts it
-    /// ([`Rendezvous::host_store`]: it then listens on every interface, at the store's port).
+    /// ([`Rendezvous::host_store`]: it then listens on the store's own address — on every
+    /// interface only when that address is not one of this host's, as behind NAT).
     ///
     /// For a torch store ([`StoreProtocol::Torch`]) every rank is a client. Each call is one
     /// more generation of the job in the store (a counter per rank, so the k-th call on every
@@ -378,12 +379,12 @@ impl Rendezvous {
                     bad("oxccl's store needs a secret, and the rendezvous has none".into())
                 })?;
                 let server = if self.host_store {
-                    let any = match addr.ip() {
-                        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                    };
+                    // A name (not an address) that resolves to loopback here may resolve to
+                    // this host's real address elsewhere (Debian's 127.0.1.1 for the host
+                    // name), so only a literal loopback address keeps the store on loopback.
+                    let literal = self.store.parse::<SocketAddr>().is_ok();
                     Some(StoreServer::bind(
-                        SocketAddr::new(any, addr.port()),
+                        store_bind_addr(addr, literal),
                         secret.clone(),
                     )?)
                 } else {
@@ -484,4 +485,30 @@ fn join_host_port(host: &str, port: u16) -> String {
     } else {
         format!("{host}:{port}")
     }
+}
+
+/// Where the store this rank hosts listens: its own address when that is one of this host's
+/// interfaces' (or a loopback address given as such, `literal`), so that nobody reaches it
+/// through another interface; every interface, at the same port, otherwise (a NAT or virtual
+/// address that routes here, or a host name that resolves to loopback only here).
+fn store_bind_addr(addr: SocketAddr, literal: bool) -> SocketAddr {
+    let ip = addr.ip();
+    let local = if ip.is_loopback() {
+        literal
+    } else {
+        if_addrs::get_if_addrs().is_ok_and(|ifs| ifs.iter().any(|i| i.ip() == ip))
+    };
+    if local {
+        return addr;
+    }
+    tracing::debug!(
+        "the store address {addr} is not (only) this host's: the store listens on every \
+         interface at port {}",
+        addr.port()
+    );
+    let any = match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(any, addr.port())
 }

@@ -135,6 +135,42 @@ fn init_rank_from_a_unique_id_forms_one_communicator() {
     assert!(Communicator::init_rank(&id, 3, 3, Config::default()).is_err());
 }
 
+/// The same UniqueId serves one communicator after another: each creation meets the others'
+/// of the same generation and never reads the keys (endpoints long closed) an earlier one left.
+#[test]
+fn a_unique_id_reused_after_destroy_forms_a_fresh_communicator() {
+    let id = UniqueId::new().expect("unique id");
+    for round in 0..3i64 {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    // Over TCP each communicator listens on new ports, so a stale endpoint
+                    // would not connect.
+                    let config = Config::default()
+                        .transports(oxccl::config::TransportFilter::only(&["tcp"]))
+                        .timeout(Duration::from_secs(10));
+                    // Rank 0 comes late, so rank 1 (which connects to it) would find the last
+                    // round's address of rank 0.
+                    if rank == 0 {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    let c = Communicator::init_rank(&id, 2, rank, config)?;
+                    let mut v = [rank as i64 + 10 * round];
+                    c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                    Ok::<_, Error>(v[0])
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(
+                h.join().expect("thread").expect("init_rank"),
+                1 + 20 * round
+            );
+        }
+    }
+}
+
 #[test]
 fn paired_large_sends_in_a_group_do_not_deadlock() {
     let comms = local(4, "tcp");

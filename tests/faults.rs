@@ -207,7 +207,7 @@ fn strangers_are_turned_away_and_the_job_still_runs() {
         .connect(Instant::now() + Duration::from_secs(10))
         .expect("store");
     let info = store
-        .get("world/peer/0", Instant::now() + Duration::from_secs(10))
+        .get("world/1/peer/0", Instant::now() + Duration::from_secs(10))
         .expect("rank 0 published");
     let info = oxccl_transport::PeerInfo::decode(&info).expect("peer info");
     let data = oxccl_transport_tcp::decode_endpoint(info.endpoint("tcp").expect("tcp endpoint"))
@@ -220,7 +220,7 @@ fn strangers_are_turned_away_and_the_job_still_runs() {
         strangers.push(stranger(addr, &[0xff; 4096]));
     }
     strangers.push(wrong_secret(id.store_addr(), b"oxccl-store"));
-    strangers.push(wrong_secret(data, b"oxccl-tcpworld"));
+    strangers.push(wrong_secret(data, b"oxccl-tcpworld/1"));
     std::thread::sleep(Duration::from_millis(200));
 
     let last = join(2);

@@ -110,6 +110,14 @@ struct Background {
     stop: AtomicBool,
 }
 
+/// The namespace of this rank's next communicator in a store it may have used before: a
+/// counter per rank, so that the k-th creation on every rank meets the k-th on the others and
+/// never reads the keys an earlier communicator left there (a UniqueId or MASTER_ADDR reused).
+fn generation(store: &dyn Store, rank: Rank) -> Result<String> {
+    let g = store.add(&format!("world/generation/{rank}"), 1)?;
+    Ok(format!("world/{g}"))
+}
+
 impl Communicator {
     /// Creates this process's communicator from a launcher's environment: oxrun's `OXCCL_*`,
     /// torchrun, Slurm, Open MPI or PMI variables (see [`Rendezvous`]). Rank 0 hosts the store
@@ -136,9 +144,10 @@ impl Communicator {
         config.validate()?;
         let deadline = std::time::Instant::now() + config.timeout;
         let opened = rv.open_store(deadline)?;
+        let prefix = generation(&*opened.store, rv.rank)?;
         let boot = Boot::new(
             opened.store,
-            "world".into(),
+            prefix,
             opened.secret,
             None,
             Some(opened.addr),
@@ -164,9 +173,10 @@ impl Communicator {
         }
         let deadline = std::time::Instant::now() + config.timeout;
         let store = id.connect(deadline)?;
+        let prefix = generation(&store, rank)?;
         let boot = Boot::new(
             Arc::new(store),
-            "world".into(),
+            prefix,
             id.secret(),
             None,
             Some(id.store_addr()),

@@ -19,7 +19,8 @@
 //! both placements. Set thresholds override the costs (`OXCCL_DIRECT_MIN` / `_MAX`,
 //! `OXCCL_DIRECT_COPY_MIN`), `OXCCL_AREA_WAY` forces a way, and `OXCCL_ALGO` forces a schedule
 //! algorithm wherever that algorithm implements the collective. Schedules over links are still
-//! chosen by size rules from the α-β table in `docs/cost-model.md`.
+//! chosen by size rules from the α-β table in `docs/cost-model.md`, and across hosts by the
+//! shape of the job (the hierarchical algorithm where ranks span hosts and share them).
 
 use oxccl_transport_shm::area::AREA_BYTES;
 
@@ -317,8 +318,10 @@ fn on_area(c: Collective) -> bool {
 }
 
 /// The hierarchical algorithm where ranks span several hosts and share some: all-reduce,
-/// all-gather and reduce-scatter at every size; broadcast and reduce (chains through one leader per host) on up to 4 hosts or,
-/// beyond, where the pipelined chain's bandwidth beats a tree's fewer hops.
+/// all-gather and reduce-scatter at every size; broadcast and reduce (chains through one
+/// leader per host) on up to 4 hosts or, beyond, from 256 KiB, where the pipelined chain's
+/// bandwidth beats a tree's fewer hops. A rule from the measurements on simulated hosts
+/// (README, "Several hosts"), not yet a priced choice.
 fn hierarchical(
     collective: Collective,
     bytes: usize,
@@ -641,5 +644,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ranks_spanning_hosts_that_share_them_go_hierarchical() {
+        let (c, costs) = (Config::default(), Costs::defaults());
+        let across = |hosts, per_host| Means {
+            hosts,
+            per_host,
+            ..means(hosts * per_host, false, false)
+        };
+        let pick = |coll, bytes: usize, m: &Means| {
+            let plan = Plan::new(coll, bytes / 4, DataType::F32);
+            match decide(&plan, m, &c, costs).route {
+                Route::Schedule(choice) => (choice.algorithm, choice.leg),
+                other => panic!("{other:?}"),
+            }
+        };
+        let two = across(2, 2);
+        for coll in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            assert_eq!(pick(coll, 8, &two).0, Algorithm::Hierarchical, "{coll}");
+        }
+        assert_eq!(pick(Collective::AllToAll, 8, &two).0, Algorithm::Direct);
+        // Between two hosts one exchange; between many, a ring from 64 KiB.
+        assert_eq!(
+            pick(Collective::AllReduce, 64 << 20, &two).1,
+            Algorithm::Direct
+        );
+        let many = across(8, 4);
+        assert_eq!(
+            pick(Collective::AllReduce, 64 << 10, &many).1,
+            Algorithm::Direct
+        );
+        assert_eq!(
+            pick(Collective::AllReduce, 64 << 20, &many).1,
+            Algorithm::Ring
+        );
+        // Chains through 8 leaders are too long for small broadcasts: a binomial tree.
+        assert_eq!(pick(Collective::Broadcast, 8, &many).0, Algorithm::Tree);
+        assert_eq!(
+            pick(Collective::Broadcast, 1 << 20, &many).0,
+            Algorithm::Hierarchical
+        );
+        // One rank per host, or one host: the flat rules.
+        assert_ne!(
+            pick(Collective::AllReduce, 8, &across(3, 1)).0,
+            Algorithm::Hierarchical
+        );
+        assert_ne!(
+            pick(Collective::AllReduce, 8, &across(1, 4)).0,
+            Algorithm::Hierarchical
+        );
     }
 }

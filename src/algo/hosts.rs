@@ -2,6 +2,9 @@
 //! appearance (the host of rank 0 is host 0), and each host's ranks in ascending order. Plain
 //! data built from any labels, so schedules and the simulator need nothing from discovery.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+
 use crate::types::Rank;
 
 /// The ranks of a communicator grouped by host.
@@ -18,21 +21,23 @@ pub struct Hosts {
 impl Hosts {
     /// Ranks grouped by equal labels: ranks `a` and `b` share a host when `labels[a] ==
     /// labels[b]`.
-    pub fn from_labels<T: PartialEq>(labels: &[T]) -> Hosts {
-        let mut firsts: Vec<&T> = Vec::new();
-        let mut of = Vec::with_capacity(labels.len());
+    pub fn from_labels<T: Eq + Hash>(labels: &[T]) -> Hosts {
+        let mut index: HashMap<&T, usize> = HashMap::new();
+        let host = labels.iter().map(|l| {
+            let next = index.len();
+            *index.entry(l).or_insert(next)
+        });
+        Hosts::from_indices(host.collect())
+    }
+
+    /// Ranks grouped by host index, the indices numbered in order of first appearance.
+    fn from_indices(of: Vec<usize>) -> Hosts {
         let mut members: Vec<Vec<Rank>> = Vec::new();
-        let mut local = Vec::with_capacity(labels.len());
-        for (r, l) in labels.iter().enumerate() {
-            let h = match firsts.iter().position(|f| *f == l) {
-                Some(h) => h,
-                None => {
-                    firsts.push(l);
-                    members.push(Vec::new());
-                    firsts.len() - 1
-                }
-            };
-            of.push(h);
+        let mut local = Vec::with_capacity(of.len());
+        for (r, &h) in of.iter().enumerate() {
+            if h == members.len() {
+                members.push(Vec::new());
+            }
             local.push(members[h].len());
             members[h].push(r);
         }
@@ -41,12 +46,12 @@ impl Hosts {
 
     /// `n` ranks, each on a host of its own.
     pub fn flat(n: usize) -> Hosts {
-        Hosts::from_labels(&(0..n).collect::<Vec<_>>())
+        Hosts::from_indices((0..n).collect())
     }
 
     /// `n` ranks on one host.
     pub fn single(n: usize) -> Hosts {
-        Hosts::from_labels(&vec![0u8; n])
+        Hosts::from_indices(vec![0; n])
     }
 
     /// Number of ranks.

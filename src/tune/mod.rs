@@ -139,10 +139,12 @@ pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config, costs: &Costs)
         _ => hierarchical(plan.collective, bytes, means)
             .unwrap_or_else(|| default_algorithm(plan.collective, bytes, means.nranks)),
     };
-    let choice = Choice::new(algorithm)
+    let mut choice = Choice::new(algorithm)
         .slice_bytes(means.slice_bytes)
-        .scratch_slots(config.scratch_slots)
-        .leg(leg(bytes, means));
+        .scratch_slots(config.scratch_slots);
+    if algorithm == Algorithm::Hierarchical {
+        choice = choice.leg(leg(bytes, means));
+    }
     Decision {
         route: Route::Schedule(choice),
         why,

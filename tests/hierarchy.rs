@@ -1,7 +1,9 @@
 //! Ranks on several hosts, simulated by host identities (`Config::host_id`) on threads of one
 //! process: shared memory links ranks of one host and TCP ranks of different hosts, as on a
-//! cluster. The topology shows the hosts, the tuner takes the hierarchical route where ranks
-//! both span hosts and share them, and every collective's result matches sums computed here
+//! cluster. The topology shows the hosts; every rank takes the route the tuner priced cheapest,
+//! the hierarchical one only where ranks both span hosts and share them, and always for large
+//! all-reduces, all-gathers and reduce-scatters on hosts of equal size (priced with a 10 Gb/s
+//! network between hosts); and every collective's result matches sums computed here
 //! (2 hosts × 2 ranks, 3 hosts × 1 rank, 2 + 1 ranks, and 2 + 1 + 3 with interleaved ranks).
 
 mod util;
@@ -10,25 +12,46 @@ use std::time::Duration;
 
 use oxccl::algo::{Algorithm, Collective, Plan};
 use oxccl::config::TransportFilter;
+use oxccl::tune::{Costs, LinkCost, LinkKind};
 use oxccl::types::{DataType, ReduceOp};
 use oxccl::{Communicator, Config, Route, UniqueId};
 use util::procs::on_each;
 
-/// One communicator per rank, rank r on host `labels[r]`, over shared memory and TCP.
+/// One communicator per rank, rank r on host `labels[r]`, over shared memory and TCP, priced by
+/// the defaults but for TCP, which costs what a 10 Gb/s network does (20 µs a message, 1.25
+/// GB/s): between threads the TCP links are loopback, as fast as shared memory, and would
+/// not show what the tuner does between hosts.
 fn cluster(labels: &[usize]) -> Vec<Communicator> {
     let n = labels.len();
     let id = UniqueId::new().expect("unique id");
+    let network = Costs::defaults().clone().with_link(
+        LinkKind::Tcp,
+        LinkCost {
+            alpha: 20e-6,
+            beta: 0.8e-9,
+        },
+    );
+    let table = std::env::temp_dir().join(format!(
+        "oxccl-hierarchy-{}-{n}r-{}.txt",
+        std::process::id(),
+        labels.iter().map(|h| h.to_string()).collect::<String>()
+    ));
+    let text = network
+        .to_text()
+        .replace("\nranks 2\n", &format!("\nranks {n}\n"));
+    std::fs::write(&table, text).expect("cost table");
     std::thread::scope(|s| {
         let handles: Vec<_> = labels
             .iter()
             .enumerate()
             .map(|(r, &h)| {
-                let id = &id;
+                let (id, table) = (&id, &table);
                 s.spawn(move || {
                     let mut config = Config::default()
                         .transports(TransportFilter::only(&["shm", "tcp"]))
                         .timeout(Duration::from_secs(60));
                     config.host_id = Some(format!("host{h}"));
+                    let config = config.tune_file(Some(table.clone()));
                     Communicator::init_rank(id, n, r, config).expect("init")
                 })
             })
@@ -131,6 +154,8 @@ fn check_layout(labels: &[usize]) {
         h.len()
     };
     let shared = (0..n).any(|a| (0..n).any(|b| a != b && labels[a] == labels[b]));
+    let on = |h: usize| labels.iter().filter(|&&l| l == h).count();
+    let even = labels.iter().all(|&h| on(h) == on(labels[0]));
     for c in &comms {
         let r = c.rank();
         let want: Vec<Option<&str>> = (0..n)
@@ -147,14 +172,34 @@ fn check_layout(labels: &[usize]) {
         ] {
             for bytes in [8, 1 << 20] {
                 let plan = Plan::new(collective, bytes / 4, DataType::F32);
-                let route = c.explain(&plan).route;
+                let decision = c.explain(&plan);
+                let route = decision.route;
+                assert_eq!(route, comms[0].explain(&plan).route, "every rank alike");
+                // The tuner's pick is the cheapest candidate it priced.
+                let priced = c.candidates(&plan);
+                let best = priced
+                    .iter()
+                    .filter_map(|p| p.1)
+                    .fold(f64::INFINITY, f64::min);
+                let mine = priced.iter().find(|p| p.0 == route).and_then(|p| p.1);
+                assert_eq!(mine, Some(best), "rank {r}: {decision} of {priced:?}");
                 let hierarchical = matches!(route,
                     Route::Schedule(ch) if ch.algorithm == Algorithm::Hierarchical);
-                assert_eq!(
-                    hierarchical,
-                    nhosts > 1 && shared,
-                    "rank {r}: {collective} of {bytes} B on {labels:?} took {route:?}"
-                );
+                if !(nhosts > 1 && shared) {
+                    assert!(!hierarchical, "{collective} on {labels:?} took {route:?}");
+                } else if even
+                    && bytes > 8
+                    && collective != Collective::Broadcast
+                    && collective != Collective::Reduce
+                {
+                    // Bandwidth-bound on hosts of equal size: each byte crosses between hosts
+                    // once per host pair. (Where a host has one rank, all its traffic goes
+                    // through it either way, and a flat ring may cost the same.)
+                    assert!(
+                        hierarchical,
+                        "rank {r}: {collective} of {bytes} B on {labels:?} took {route:?}"
+                    );
+                }
             }
         }
     }
@@ -179,4 +224,35 @@ fn hosts_of_two_and_one_ranks() {
 #[test]
 fn hosts_of_two_one_and_three_ranks_interleaved() {
     check_layout(&[2, 0, 2, 1, 0, 2]);
+}
+
+/// A calibration across hosts measures both kinds of link — shared memory between the two
+/// ranks of the second host (whose first rank sends the result to rank 0), TCP between rank 0
+/// and that host — and the fold rate; every rank takes rank 0's table, and the collectives
+/// still give the right sums on the routes it prices.
+#[test]
+fn calibration_measures_each_kind_of_link() {
+    let comms = cluster(&[0, 1, 1]);
+    let before = comms[0].costs();
+    let tables: Vec<Costs> = on_each(&comms, |c| c.calibrate())
+        .into_iter()
+        .map(|(r, _)| r.expect("calibrate"))
+        .collect();
+    assert!(tables.iter().all(|t| t == &tables[0]), "every rank alike");
+    let costs = &tables[0];
+    assert!(
+        costs.source().starts_with("links calibrated on"),
+        "{}",
+        costs.source()
+    );
+    for kind in [LinkKind::Shm, LinkKind::Tcp] {
+        let l = costs
+            .link(kind)
+            .unwrap_or_else(|| panic!("{kind:?} not measured"));
+        assert!(l.alpha > 0.0 && l.alpha < 0.1, "{kind:?}: {l:?}");
+        assert!(l.beta > 0.0 && l.beta < 1e-6, "{kind:?}: {l:?}");
+        assert_ne!(Some(l), before.link(kind), "{kind:?} measured, not kept");
+    }
+    assert!(costs.gamma().is_some_and(|g| g > 0.0 && g < 1e-6));
+    check_collectives(&comms);
 }

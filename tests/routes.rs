@@ -212,10 +212,13 @@ fn explain_names_the_route_that_runs() {
             };
             // (One-shot or not is priced over both placements: see the tuner's unit tests.)
             let priced = shm[0].candidates(&p);
-            let mine = priced.iter().find(|c| c.0 == way).and_then(|c| c.1);
+            let mine = priced
+                .iter()
+                .find(|c| c.0 == Route::Area(way))
+                .and_then(|c| c.1);
             let best = priced
                 .iter()
-                .filter(|c| c.0 != Way::OneShot)
+                .filter(|c| matches!(c.0, Route::Area(w) if w != Way::OneShot))
                 .filter_map(|c| c.1)
                 .fold(f64::INFINITY, f64::min);
             if way != Way::OneShot {

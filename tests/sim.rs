@@ -392,3 +392,90 @@ fn zero_link_buffer_is_refused() {
         Err(SimError::Shape(_))
     ));
 }
+
+/// Placed on hosts, a message between hosts travels under the remote model, and ranks of one
+/// host share its memory bus: two transfers at once take turns there, while ranks of
+/// different hosts send at the same time.
+#[test]
+fn ranks_on_hosts_price_remote_links_apart_and_share_a_hosts_bus() {
+    use oxccl::algo::Hosts;
+    use oxccl::algo::sim::LinkModel;
+    let exchange = |peer| {
+        Schedule::from_steps(
+            [
+                (
+                    Op::Send {
+                        to: peer,
+                        src: input(0, 1000),
+                    },
+                    vec![],
+                ),
+                (
+                    Op::Recv {
+                        from: peer,
+                        dst: out(0, 1000),
+                    },
+                    vec![],
+                ),
+            ],
+            0,
+        )
+    };
+    let schedules = [exchange(1), exchange(0)];
+    let local = LinkModel::new(1e-6, 1e9); // 1 µs + 1 ns/B
+    let remote = LinkModel::new(10e-6, 1e8); // 10 µs + 10 ns/B
+    let config = SimConfig {
+        model: local,
+        ..SimConfig::default()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    // Two hosts: each direction at once under the remote model.
+    let apart = sim::price_across(&schedules, DataType::U8, &config, &Hosts::flat(2), remote)
+        .unwrap()
+        .time;
+    assert!(close(apart, 10e-6 + 1000.0 * 10e-9), "{apart}");
+    // One host: the two transfers take turns on its bus.
+    let together = sim::price_across(&schedules, DataType::U8, &config, &Hosts::single(2), remote)
+        .unwrap()
+        .time;
+    assert!(close(together, 1e-6 + 2000.0 * 1e-9), "{together}");
+    // Two ranks of a host sending to two of another at once take turns on its card.
+    let to = |peer| {
+        Schedule::from_steps(
+            [(
+                Op::Send {
+                    to: peer,
+                    src: input(0, 1000),
+                },
+                vec![],
+            )],
+            0,
+        )
+    };
+    let from = |peer| {
+        Schedule::from_steps(
+            [(
+                Op::Recv {
+                    from: peer,
+                    dst: out(0, 1000),
+                },
+                vec![],
+            )],
+            0,
+        )
+    };
+    let crossing = [to(2), to(3), from(0), from(1)];
+    let two_by_two = Hosts::from_labels(&[0, 0, 1, 1]);
+    let t = sim::price_across(&crossing, DataType::U8, &config, &two_by_two, remote)
+        .unwrap()
+        .time;
+    assert!(close(t, 10e-6 + 2000.0 * 10e-9), "{t}");
+    // Without hosts, every rank has its own ports.
+    let plain = sim::price(&schedules, DataType::U8, &config).unwrap().time;
+    assert!(close(plain, 1e-6 + 1000.0 * 1e-9), "{plain}");
+    // The hosts must place every rank.
+    assert!(matches!(
+        sim::price_across(&schedules, DataType::U8, &config, &Hosts::flat(3), remote),
+        Err(SimError::Shape(_))
+    ));
+}

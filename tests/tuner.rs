@@ -178,19 +178,54 @@ fn calibration_measures_every_way_caches_it_and_every_rank_takes_rank_zeros_tabl
             }
         }
     }
-    // The decision follows the new table: the cheapest of the candidates.
+    // The decision follows the new table (the area's ways and the schedules over the links,
+    // whose link models the calibration measured too): the cheapest of the candidates.
     for c in &comms {
         assert_eq!(&c.costs(), costs);
         for b in [4 << 10, 64 << 10, 256 << 10] {
             for p in [all_reduce(b), all_reduce(b).in_place(true)] {
-                let Route::Area(way) = c.explain(&p).route else {
-                    panic!("{p:?}")
-                };
                 let priced = c.candidates(&p);
-                let t = |w: Way| priced.iter().find(|x| x.0 == w).and_then(|x| x.1).unwrap();
+                let price = |p: &Plan, r: Route| {
+                    c.candidates(p)
+                        .iter()
+                        .find(|x| x.0 == r)
+                        .and_then(|x| x.1)
+                        .unwrap()
+                };
+                let way = match c.explain(&p).route {
+                    Route::Area(way) => way,
+                    Route::Schedule(choice) => {
+                        // A schedule over the links beats every way through the area in both
+                        // placements together, and is the cheapest schedule.
+                        let mine = price(&p, Route::Schedule(choice));
+                        for (r, t) in &priced {
+                            match r {
+                                Route::Area(w) => {
+                                    let both = t.unwrap() + price(&p.in_place(!p.in_place), *r);
+                                    assert!(2.0 * mine < both, "{p:?}: {choice:?} over {w:?}");
+                                }
+                                Route::Schedule(_) => assert!(mine <= t.unwrap()),
+                                _ => unreachable!(),
+                            }
+                        }
+                        continue;
+                    }
+                    other => panic!("{p:?}: {other:?}"),
+                };
+                let t = |w: Way| {
+                    priced
+                        .iter()
+                        .find(|x| x.0 == Route::Area(w))
+                        .and_then(|x| x.1)
+                        .unwrap()
+                };
                 if way != Way::OneShot {
-                    for (other, _) in priced.iter().filter(|x| x.0 != Way::OneShot) {
-                        assert!(t(way) <= t(*other), "{p:?}: {way:?} over {other:?}");
+                    let others = priced.iter().filter_map(|x| match x.0 {
+                        Route::Area(w) if w != Way::OneShot => Some(w),
+                        _ => None,
+                    });
+                    for other in others {
+                        assert!(t(way) <= t(other), "{p:?}: {way:?} over {other:?}");
                     }
                 }
             }

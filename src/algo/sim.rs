@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 
-use super::{Buffer, Op, Region, Schedule, StepId};
+use super::{Buffer, Hosts, Op, Region, Schedule, StepId};
 use crate::types::{DataType, Rank, ReduceOp};
 
 /// Element-wise arithmetic the simulator applies for `RecvReduce`, `Reduce` and `Divide`.
@@ -268,7 +268,7 @@ pub fn simulate(
             buffers.len()
         )));
     }
-    run(schedules, dtype, Some((buffers, arith)), config)
+    run(schedules, dtype, Some((buffers, arith)), config, None)
 }
 
 /// Runs the schedules without data — traffic, rounds and time only — so that sizes far beyond
@@ -278,7 +278,30 @@ pub fn price(
     dtype: DataType,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    run(schedules, dtype, None, config)
+    run(schedules, dtype, None, config, None)
+}
+
+/// [`price`] for ranks spread over `hosts`: a message between ranks of one host travels under
+/// [`SimConfig::model`], one between hosts under `remote`. The ranks of a host share its memory
+/// and its network card: their messages to each other take turns on one bus per host (a
+/// transfer of b bytes holds it `b·beta`), and their messages to other hosts leave through one
+/// port per host and arrive through one (each held `b·beta` of the remote model), the bus and
+/// the card working side by side.
+pub fn price_across(
+    schedules: &[Schedule],
+    dtype: DataType,
+    config: &SimConfig,
+    hosts: &Hosts,
+    remote: LinkModel,
+) -> Result<SimReport, SimError> {
+    if hosts.nranks() != schedules.len() {
+        return Err(SimError::Shape(format!(
+            "{} schedules but {} ranks placed on hosts",
+            schedules.len(),
+            hosts.nranks()
+        )));
+    }
+    run(schedules, dtype, None, config, Some((hosts, remote)))
 }
 
 fn run(
@@ -286,6 +309,7 @@ fn run(
     dtype: DataType,
     data: Option<(&mut [RankBuffers], &dyn Arithmetic)>,
     config: &SimConfig,
+    remote: Option<(&Hosts, LinkModel)>,
 ) -> Result<SimReport, SimError> {
     if config.link_buffer == 0 {
         return Err(SimError::Shape(
@@ -293,7 +317,7 @@ fn run(
         ));
     }
     // Validates peers, dependencies, bounds and matching first: the race check relies on them.
-    let sim = Sim::new(schedules, dtype, data, config)?;
+    let sim = Sim::new(schedules, dtype, data, config, remote)?;
     if config.check_races {
         for (r, s) in schedules.iter().enumerate() {
             check_races(r, s)?;
@@ -343,6 +367,13 @@ struct Message {
 struct Link {
     from: u32,
     to: u32,
+    /// Port kind: 0 between ranks of one host, 1 between hosts.
+    kind: usize,
+    /// Indices into [`Sim::out_free`] and [`Sim::in_free`] of the ports the link's messages
+    /// leave and arrive through.
+    ports: (u32, u32),
+    /// Whether both ends are one resource (a host's memory bus), held once per message.
+    shared: bool,
     sends: Vec<StepId>,
     recvs: Vec<StepId>,
     next_send: usize,
@@ -369,8 +400,6 @@ struct RankState {
     offsets: Vec<u32>,
     dependents: Vec<StepId>,
     scratch: Vec<u8>,
-    out_free: f64,
-    in_free: f64,
     cpu_free: f64,
     stats: RankStats,
 }
@@ -381,6 +410,12 @@ struct Sim<'a> {
     /// The ranks' buffers and the arithmetic, or `None` when pricing without data.
     data: Option<(&'a mut [RankBuffers], &'a dyn Arithmetic)>,
     config: &'a SimConfig,
+    /// The model of links between hosts (kind 1), when ranks are spread over hosts.
+    remote: LinkModel,
+    /// When each port is next free: per rank without hosts; with hosts, per rank (unused),
+    /// then each host's bus, then each host's network card.
+    out_free: Vec<f64>,
+    in_free: Vec<f64>,
     ranks: Vec<RankState>,
     links: Vec<Link>,
     /// Future events, earliest first.
@@ -399,6 +434,7 @@ impl<'a> Sim<'a> {
         dtype: DataType,
         data: Option<(&'a mut [RankBuffers], &'a dyn Arithmetic)>,
         config: &'a SimConfig,
+        remote: Option<(&Hosts, LinkModel)>,
     ) -> Result<Sim<'a>, SimError> {
         let n = schedules.len();
         let mut link_ids: HashMap<(u32, u32), u32> = HashMap::new();
@@ -442,9 +478,24 @@ impl<'a> Sim<'a> {
                         (r as u32, peer as u32)
                     };
                     let li = *link_ids.entry(key).or_insert_with(|| {
+                        let (kind, ports, shared) = match remote {
+                            None => (0, key, false),
+                            Some((h, _)) => {
+                                let (a, b) = (h.host(key.0 as usize), h.host(key.1 as usize));
+                                let (bus, card) = (n + a, n + h.count());
+                                if a == b {
+                                    (0, (bus as u32, bus as u32), true)
+                                } else {
+                                    (1, ((card + a) as u32, (card + b) as u32), false)
+                                }
+                            }
+                        };
                         links.push(Link {
                             from: key.0,
                             to: key.1,
+                            kind,
+                            ports,
+                            shared,
                             sends: Vec::new(),
                             recvs: Vec::new(),
                             next_send: 0,
@@ -489,8 +540,6 @@ impl<'a> Sim<'a> {
                 } else {
                     Vec::new()
                 },
-                out_free: 0.0,
-                in_free: 0.0,
                 cpu_free: 0.0,
                 stats: RankStats::default(),
             });
@@ -528,6 +577,9 @@ impl<'a> Sim<'a> {
             dtype,
             data,
             config,
+            remote: remote.map_or(config.model, |(_, m)| m),
+            out_free: vec![0.0; n + 2 * remote.map_or(0, |(h, _)| h.count())],
+            in_free: vec![0.0; n + 2 * remote.map_or(0, |(h, _)| h.count())],
             ranks,
             links,
             events: BinaryHeap::new(),
@@ -659,7 +711,9 @@ impl<'a> Sim<'a> {
     fn try_send(&mut self, l: usize) {
         loop {
             let link = &self.links[l];
-            let (from, to) = (link.from as usize, link.to as usize);
+            let (from, k) = (link.from as usize, link.kind);
+            let ((po, pi), shared) = (link.ports, link.shared);
+            let (po, pi) = (po as usize, pi as usize);
             let Some(&s) = link.sends.get(link.next_send) else {
                 return;
             };
@@ -673,12 +727,23 @@ impl<'a> Sim<'a> {
             let data = self.read(from, src);
             // The sender's port is busy for its own transmission only; the receiver's port
             // takes arrivals one at a time, queueing the rest (a buffering switch).
-            let m = &self.config.model;
+            let m = if k == 0 {
+                self.config.model
+            } else {
+                self.remote
+            };
             let wire = src.len as f64 * m.beta;
-            let start = self.now.max(self.ranks[from].out_free);
-            self.ranks[from].out_free = start + wire;
-            let arrive = start.max(self.ranks[to].in_free);
-            self.ranks[to].in_free = arrive + wire;
+            let (start, arrive) = if shared {
+                let start = self.now.max(self.out_free[po]);
+                self.out_free[po] = start + wire;
+                (start, start)
+            } else {
+                let start = self.now.max(self.out_free[po]);
+                self.out_free[po] = start + wire;
+                let arrive = start.max(self.in_free[pi]);
+                self.in_free[pi] = arrive + wire;
+                (start, arrive)
+            };
             let delivered_at = arrive + wire + m.alpha;
             let depth = self.ranks[from].st[s as usize].depth;
             let stats = &mut self.ranks[from].stats;

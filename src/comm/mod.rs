@@ -94,6 +94,8 @@ struct State {
     /// Recent decisions by (collective, bytes, placement) — all a decision depends on besides
     /// what is fixed per communicator — so that repeated calls are not priced again.
     decided: [Option<(algo::Collective, usize, bool, Decision)>; DECIDED],
+    /// The schedules' simulated prices by (collective, size class).
+    prices: tune::Prices,
 }
 
 /// Slots of [`State::decided`] (a power of two).
@@ -266,8 +268,8 @@ impl Communicator {
     /// area of ranks on one host, or a schedule with its algorithm and slicing (the one
     /// `OXCCL_ALGO` forces, where it applies) — and a line saying why.
     pub fn explain(&self, plan: &Plan) -> Decision {
-        let st = self.inner.lock();
-        tune::decide(plan, &self.inner.means, &self.inner.config, &st.costs)
+        let mut st = self.inner.lock();
+        self.inner.decide(&mut st, plan)
     }
 
     /// Aborts the communicator from any thread: every running and later call fails with
@@ -402,18 +404,33 @@ impl Inner {
         {
             return d.clone();
         }
-        let d = tune::decide(plan, &self.means, &self.config, &st.costs);
+        let st = &mut *st;
+        let d = tune::decide(
+            plan,
+            &self.means,
+            &self.config,
+            &st.costs,
+            &self.hosts,
+            &mut st.prices,
+        );
         st.decided[slot] = Some((plan.collective, bytes, plan.in_place, d.clone()));
         if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
             let class = usize::BITS - bytes.leading_zeros();
             if st.logged.len() < 4096 && st.logged.insert((plan.collective, class, plan.in_place)) {
-                let table = tune::price(plan, &self.means, &self.config, &st.costs);
+                let table = tune::price(
+                    plan,
+                    &self.means,
+                    &self.config,
+                    &st.costs,
+                    &self.hosts,
+                    &mut st.prices,
+                );
                 tracing::debug!(target: "oxccl::tune", rank = self.rank,
                     "{} of {bytes} B{}: {}; candidates: {} (costs: {})",
                     plan.collective,
                     if plan.in_place { " in place" } else { "" },
                     d,
-                    tune::table_line(&table),
+                    tune::table_line(plan.collective, &table),
                     st.costs.source());
             }
         }

@@ -22,7 +22,7 @@ use crate::exec::descriptor;
 use crate::exec::driver::Engine;
 use crate::exec::flags::Flags;
 use crate::topo::{self, Topology, discover};
-use crate::tune;
+use crate::tune::{self, LinkKind};
 use crate::types::Rank;
 
 /// How a communicator finds its peers: the store, its namespace in it, the job secret, and for
@@ -183,6 +183,14 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         slice_bytes,
         hosts: hosts.count(),
         per_host: hosts.largest(),
+        local: link_kind(&link_names, &hosts, rank, true).or_else(|| {
+            // Alone on its host: what the others there would use.
+            me.endpoints
+                .iter()
+                .any(|e| e.0 == "shm")
+                .then_some(LinkKind::Shm)
+        }),
+        remote: link_kind(&link_names, &hosts, rank, false),
     };
     let engine = engine.with_area(area);
     tracing::debug!(
@@ -210,6 +218,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 costs,
                 logged: Default::default(),
                 decided: std::array::from_fn(|_| None),
+                prices: Default::default(),
             }),
             boot,
             background: Background::default(),
@@ -218,6 +227,19 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         }),
     };
     tuning::finish(comm, calibrate)
+}
+
+/// The kind of this rank's links to peers on its own host (`same`) or on others: the first
+/// such peer's, as its transport names it.
+fn link_kind(
+    names: &[Option<&'static str>],
+    hosts: &Hosts,
+    rank: Rank,
+    same: bool,
+) -> Option<LinkKind> {
+    (0..names.len())
+        .filter(|&r| r != rank && (hosts.host(r) == hosts.host(rank)) == same)
+        .find_map(|r| LinkKind::of(names[r]?))
 }
 
 /// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery

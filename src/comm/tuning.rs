@@ -12,12 +12,12 @@ use std::time::Instant;
 use oxccl_transport_shm::area::AREA_BYTES;
 
 use super::Communicator;
-use crate::algo::{Collective, Plan};
+use crate::algo::{Choice, Collective, Plan};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::config::{Config, Tune};
 use crate::error::{Error, Result};
 use crate::tune::cost::{AREA_COLLECTIVES, MAX_TEXT_BYTES};
-use crate::tune::{self, Costs, Decision, Key, Route, Way};
+use crate::tune::{self, Costs, Decision, Key, LinkCost, LinkKind, Route, Way};
 use crate::types::{DataType, Rank};
 
 /// The store key rank 0 answers under at creation.
@@ -69,31 +69,55 @@ impl Communicator {
         self.inner.lock().costs.clone()
     }
 
-    /// Every way `plan` may take through the group area here, with its estimated time in
-    /// seconds (`None`: not measured); empty when the call does not go through the area.
-    /// [`Communicator::explain`] says which one is taken.
-    pub fn candidates(&self, plan: &Plan) -> Vec<(Way, Option<f64>)> {
-        let st = self.inner.lock();
-        tune::price(plan, &self.inner.means, &self.inner.config, &st.costs)
+    /// Every route the tuner prices for `plan` here — the ways through the group area (in
+    /// the plan's placement) and the schedules over the links — with its estimated time in
+    /// seconds (`None`: not measured or not priced); empty when `OXCCL_ALGO` forces the
+    /// algorithm. [`Communicator::explain`] says which one is taken.
+    pub fn candidates(&self, plan: &Plan) -> Vec<(Route, Option<f64>)> {
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        tune::price(
+            plan,
+            &self.inner.means,
+            &self.inner.config,
+            &st.costs,
+            &self.inner.hosts,
+            &mut st.prices,
+        )
     }
 
     /// Measures every way through the shared group area on this machine — each collective that
-    /// has them, both placements, the default [`Calibration`]'s sizes — and makes the result
-    /// the tuner's costs on every rank (rank 0's measurements, handed out by broadcast); rank
-    /// 0 also writes them to the cache file ([`Config::tune_file`]), where later communicators
-    /// of this host and rank count find them. Collective: every rank calls it, with no other
-    /// call in flight. A communicator without the area has nothing to calibrate and keeps its
-    /// costs.
+    /// has them, both placements, the default [`Calibration`]'s sizes — and the links the
+    /// schedules run over (a ping-pong between two ranks of one host and between rank 0 and a
+    /// rank of another host, each giving its kind of link α and β) and the reduction rate γ,
+    /// and makes the result the tuner's costs on every rank (rank 0's measurements, handed out
+    /// by broadcast); rank 0 also writes them to the cache file ([`Config::tune_file`]), where
+    /// later communicators of this host and rank count find them. Collective: every rank calls
+    /// it, with no other call in flight. A communicator without the area keeps its costs for
+    /// the area's ways.
     pub fn calibrate(&self) -> Result<Costs> {
         self.calibrate_with(&Calibration::default())
     }
 
     /// [`Communicator::calibrate`] over the sizes of `calibration`.
     pub fn calibrate_with(&self, calibration: &Calibration) -> Result<Costs> {
-        if !self.inner.means.area {
-            return Ok(self.costs());
+        let mut measured = if self.inner.means.area {
+            self.measure(calibration)?
+        } else {
+            self.costs().with_source(&format!(
+                "links calibrated on {}, {} ranks, oxccl {} (area ways: {})",
+                self.inner.topo.hosts[0],
+                self.size(),
+                env!("CARGO_PKG_VERSION"),
+                self.costs().source()
+            ))
+        };
+        for (kind, cost) in self.measure_links()? {
+            measured = measured.with_link(kind, cost);
         }
-        let measured = self.measure(calibration)?;
+        if self.rank() == 0 {
+            measured = measured.with_gamma(measure_gamma());
+        }
         // Everyone takes rank 0's table: its length, then its text.
         let mut text = if self.rank() == 0 {
             measured.to_text().into_bytes()
@@ -128,7 +152,83 @@ impl Communicator {
         st.costs = costs.clone();
         st.logged.clear();
         st.decided = std::array::from_fn(|_| None);
+        st.prices.clear();
         Ok(costs)
+    }
+
+    /// Times the links (α from 8-byte messages, β from 4 MiB ones): a ping-pong between the first two ranks of the first host that has two
+    /// (the links inside a host) and between rank 0 and the first rank of the next host (the
+    /// links between hosts). Rank 0's answer: each measured kind with its model (the pairs'
+    /// first ranks send theirs to rank 0); the other ranks' is empty.
+    fn measure_links(&self) -> Result<Vec<(LinkKind, LinkCost)>> {
+        let hosts = &self.inner.hosts;
+        let mut pairs = Vec::new();
+        if let Some(h) = (0..hosts.count()).find(|&h| hosts.members(h).len() >= 2) {
+            pairs.push((hosts.members(h)[0], hosts.members(h)[1]));
+        }
+        if hosts.count() >= 2 {
+            pairs.push((0, hosts.members(1)[0]));
+        }
+        let me = self.rank();
+        let mut out = Vec::new();
+        for (a, b) in pairs {
+            if me == a || me == b {
+                let peer = if me == a { b } else { a };
+                let t = |bytes: usize, iters: usize| self.ping_pong(me == a, peer, bytes, iters);
+                // β from a transfer large enough to stream from memory, as large calls do.
+                let (small, large) = (8, 4 << 20);
+                let (t0, t1) = (t(small, 200)?, t(large, 12)?);
+                if me == a {
+                    let kind = self.inner.link_names[b].and_then(LinkKind::of);
+                    let cost = LinkCost::fit((small, t0), (large, t1));
+                    let row = [kind.map_or(-1.0, |k| k as u8 as f64), cost.alpha, cost.beta];
+                    if a == 0 {
+                        out.extend(kind.map(|k| (k, cost)));
+                    } else {
+                        self.send(&row, 0)?;
+                    }
+                }
+            }
+            if me == 0 && a != 0 {
+                let mut row = [0f64; 3];
+                self.recv(&mut row, a)?;
+                let kind = LinkKind::ALL
+                    .into_iter()
+                    .find(|&k| k as u8 as f64 == row[0]);
+                out.extend(kind.map(|k| {
+                    (
+                        k,
+                        LinkCost {
+                            alpha: row[1],
+                            beta: row[2],
+                        },
+                    )
+                }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The median one-way time of a `bytes` message between this rank and `peer` (half a
+    /// round trip), over `iters` round trips after one to warm up; `first` sends first.
+    fn ping_pong(&self, first: bool, peer: Rank, bytes: usize, iters: usize) -> Result<f64> {
+        let mut buf = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..=iters {
+            let start = Instant::now();
+            if first {
+                self.send(&buf, peer)?;
+                self.recv(&mut buf, peer)?;
+            } else {
+                self.recv(&mut buf, peer)?;
+                self.send(&buf, peer)?;
+            }
+            if i > 0 {
+                times.push(start.elapsed().as_secs_f64() / 2.0);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
     }
 
     fn bad_table(&self, why: &str) -> Error {
@@ -246,6 +346,28 @@ impl Communicator {
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     }
+}
+
+/// Seconds per byte of folding one f32 slice into another (a schedule's reduction step, on
+/// slices that stay in cache): the median of a few rounds.
+fn measure_gamma() -> f64 {
+    let n = Choice::DEFAULT_SLICE_BYTES / 4;
+    let (mut dst, src) = (vec![1.0f32; n], vec![1.0f32; n]);
+    let mut times = Vec::with_capacity(21);
+    for i in 0..=21 {
+        let start = Instant::now();
+        for _ in 0..4 {
+            if crate::reduce::cpu::reduce(&mut dst, &src, crate::types::ReduceOp::Sum).is_err() {
+                return 0.0;
+            }
+            std::hint::black_box(&mut dst);
+        }
+        if i > 0 {
+            times.push(start.elapsed().as_secs_f64() / (4 * n * 4) as f64);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// Rank 0's answer at creation, under [`KEY`]: `D` (the defaults), `C` (calibrate now) or `T`

@@ -19,6 +19,17 @@
 //! all_reduce two-shot out-of-place 8=1.1e-6 1024=1.3e-6 ...
 //! ```
 //!
+//! Schedules over the links are priced by simulating them ([`crate::algo::sim`]) under a plain
+//! α-β model per kind of link (shared-memory rings between ranks of one host, TCP) and a
+//! reduction rate γ, measured by the same calibration (a ping-pong between rank 0 and one peer
+//! of each kind, and rank 0 folding a buffer):
+//!
+//! ```text
+//! link shm alpha=1.1e-6 beta=2.0e-10
+//! link tcp alpha=9.0e-6 beta=4.5e-10
+//! fold gamma=1.5e-10
+//! ```
+//!
 //! Parsing is strict and bounded (sizes, lines and points are capped), so a damaged or hostile
 //! file is rejected with a reason instead of steering the tuner.
 
@@ -90,6 +101,70 @@ impl std::fmt::Display for Key {
 
 const SLOTS: usize = AREA_COLLECTIVES.len() * WAYS.len() * 2;
 
+/// A kind of link between two ranks, as the tuner prices it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LinkKind {
+    /// Shared-memory rings between ranks of one host.
+    Shm,
+    /// TCP.
+    Tcp,
+}
+
+impl LinkKind {
+    /// Every kind, in [`Costs`]' index order.
+    pub const ALL: [LinkKind; 2] = [LinkKind::Shm, LinkKind::Tcp];
+
+    /// Its name: the transport's.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Shm => "shm",
+            LinkKind::Tcp => "tcp",
+        }
+    }
+
+    /// The kind of a link named `name` by its transport (`None`: not priced).
+    pub fn of(name: &str) -> Option<LinkKind> {
+        LinkKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A link's α-β model: a message of `b` bytes takes `alpha + b·beta` seconds from the start of
+/// its send to its arrival.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Seconds per byte.
+    pub beta: f64,
+}
+
+impl LinkCost {
+    /// The line through two one-way times: `t0` for `b0` bytes and `t1` for `b1 > b0`; β is
+    /// never below zero.
+    pub fn fit((b0, t0): (usize, f64), (b1, t1): (usize, f64)) -> LinkCost {
+        let beta = if b1 > b0 {
+            ((t1 - t0) / (b1 - b0) as f64).max(0.0)
+        } else {
+            0.0
+        };
+        LinkCost {
+            alpha: (t0 - beta * b0 as f64).max(0.0),
+            beta,
+        }
+    }
+
+    fn valid(&self) -> bool {
+        [self.alpha, self.beta]
+            .iter()
+            .all(|v| v.is_finite() && (0.0..=MAX_SECONDS).contains(v))
+    }
+}
+
 /// Measured times, in seconds, at increasing sizes in bytes (at least one point).
 type Curve = Vec<(usize, f64)>;
 
@@ -102,6 +177,10 @@ pub struct Costs {
     ranks: usize,
     /// Indexed by [`Key::index`].
     curves: [Option<Curve>; SLOTS],
+    /// Indexed by [`LinkKind::index`].
+    links: [Option<LinkCost>; 2],
+    /// Seconds per byte folded.
+    gamma: Option<f64>,
 }
 
 impl Costs {
@@ -127,7 +206,38 @@ impl Costs {
             source: source.replace(['\n', '\r'], " "),
             ranks,
             curves,
+            links: [None; 2],
+            gamma: None,
         }
+    }
+
+    /// These costs with another source line.
+    pub fn with_source(mut self, source: &str) -> Costs {
+        self.source = source.replace(['\n', '\r'], " ");
+        self
+    }
+
+    /// These costs with `kind`'s link model set (dropped if not finite and non-negative).
+    pub fn with_link(mut self, kind: LinkKind, cost: LinkCost) -> Costs {
+        self.links[kind.index()] = cost.valid().then_some(cost);
+        self
+    }
+
+    /// These costs with the reduction rate set, in seconds per byte (dropped if not finite
+    /// and non-negative).
+    pub fn with_gamma(mut self, gamma: f64) -> Costs {
+        self.gamma = (gamma.is_finite() && (0.0..=MAX_SECONDS).contains(&gamma)).then_some(gamma);
+        self
+    }
+
+    /// The model of links of `kind`, if measured.
+    pub fn link(&self, kind: LinkKind) -> Option<LinkCost> {
+        self.links[kind.index()]
+    }
+
+    /// Seconds per byte folded, if measured.
+    pub fn gamma(&self) -> Option<f64> {
+        self.gamma
     }
 
     /// The defaults: measured by [`crate::Communicator::calibrate`] on the reference machine
@@ -186,6 +296,20 @@ impl Costs {
                 }
             }
         }
+        for kind in LinkKind::ALL {
+            if let Some(l) = self.links[kind.index()] {
+                let _ = writeln!(
+                    s,
+                    "link {} alpha={:.4e} beta={:.4e}",
+                    kind.name(),
+                    l.alpha,
+                    l.beta
+                );
+            }
+        }
+        if let Some(g) = self.gamma {
+            let _ = writeln!(s, "fold gamma={g:.4e}");
+        }
         s
     }
 
@@ -204,6 +328,8 @@ impl Costs {
         }
         let (mut source, mut ranks) = (String::new(), 0);
         let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
+        let mut links = [None; 2];
+        let mut gamma = None;
         for (no, line) in lines {
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -215,6 +341,43 @@ impl Costs {
             }
             if let Some(r) = line.strip_prefix("ranks ") {
                 ranks = r.trim().parse().map_err(|_| bad("not a rank count"))?;
+                continue;
+            }
+            // `name=seconds`, in range.
+            let value = |word: Option<&str>, name: &str| -> Result<f64, String> {
+                let v = word
+                    .and_then(|w| w.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .ok_or_else(|| bad(&format!("expected {name}=seconds")))?;
+                if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) {
+                    Ok(v)
+                } else {
+                    Err(bad(&format!("{name}: out of range")))
+                }
+            };
+            if let Some(rest) = line.strip_prefix("link ") {
+                let mut words = rest.split_whitespace();
+                let name = words.next().unwrap_or("");
+                let kind = LinkKind::of(name)
+                    .ok_or_else(|| bad(&format!("{name:?} is not a kind of link")))?;
+                let cost = LinkCost {
+                    alpha: value(words.next(), "alpha")?,
+                    beta: value(words.next(), "beta")?,
+                };
+                if words.next().is_some() {
+                    return Err(bad("more than alpha and beta"));
+                }
+                if links[kind.index()].replace(cost).is_some() {
+                    return Err(bad(&format!("link {name} given twice")));
+                }
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("fold ") {
+                let mut words = rest.split_whitespace();
+                let g = value(words.next(), "gamma")?;
+                if words.next().is_some() || gamma.replace(g).is_some() {
+                    return Err(bad("expected one `fold gamma=seconds`"));
+                }
                 continue;
             }
             let mut words = line.split_whitespace();
@@ -272,6 +435,8 @@ impl Costs {
             source,
             ranks,
             curves,
+            links,
+            gamma,
         })
     }
 }

@@ -24,12 +24,20 @@
 
 use oxccl_transport_shm::area::AREA_BYTES;
 
-use crate::algo::{Algorithm, Choice, Collective, Plan};
+use std::collections::HashMap;
+
+use crate::algo::sim::{self, LinkModel, SimConfig};
+use crate::algo::{self, Algorithm, Choice, Collective, Hosts, Plan};
 use crate::config::Config;
 
 pub mod cost;
 
-pub use cost::{Costs, Key};
+pub use cost::{Costs, Key, LinkCost, LinkKind};
+
+/// The most ranks whose schedules are priced by simulation when a call is decided (beyond,
+/// the size rules decide): simulating every rank's schedule costs time proportional to the
+/// ranks times their steps.
+pub(crate) const MAX_PRICED_RANKS: usize = 64;
 
 /// Largest all-reduce, in bytes, done one-shot through the area (every rank reads every
 /// contribution whole).
@@ -90,11 +98,25 @@ impl Way {
 }
 
 impl Route {
-    /// What runs, for people: `shm one-shot`, `ring`, ...
+    /// What runs, for people: `shm one-shot`, `ring`, `hierarchical` (`hierarchical/ring`
+    /// where the leg between hosts matters: all-reduce), ...
     pub fn name(&self) -> String {
         match self {
             Route::Area(w) => format!("shm {}", w.name()),
             Route::Schedule(c) => c.algorithm.name().to_owned(),
+        }
+    }
+
+    /// [`Route::name`], with the leg between hosts of a hierarchical all-reduce.
+    pub fn name_for(&self, collective: Collective) -> String {
+        match self {
+            Route::Schedule(c)
+                if c.algorithm == Algorithm::Hierarchical
+                    && collective == Collective::AllReduce =>
+            {
+                format!("hierarchical/{}", c.leg.name())
+            }
+            _ => self.name(),
         }
     }
 }
@@ -121,24 +143,214 @@ pub(crate) struct Means {
     pub hosts: usize,
     /// The most ranks any one host has.
     pub per_host: usize,
+    /// The kind of link between ranks of one host (`None`: not priced).
+    pub local: Option<LinkKind>,
+    /// The kind of link between ranks of different hosts (`None`: not priced).
+    pub remote: Option<LinkKind>,
 }
 
-/// The route for `plan` on a communicator offering `means`, configured by `config`, with the
-/// ways through the group area priced by `costs`.
-pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config, costs: &Costs) -> Decision {
+/// Schedule candidates with their estimated times in seconds (`None`: not priced).
+type Priced = Vec<(Choice, Option<f64>)>;
+
+/// Estimated times of the schedule candidates, by (collective, size class): simulating them
+/// is the dear part of a decision, and every size of a class is priced at the class's top.
+#[derive(Debug, Default)]
+pub(crate) struct Prices {
+    by_class: HashMap<(Collective, u32), Priced>,
+}
+
+impl Prices {
+    /// The most classes kept (then all are forgotten; a few dozen is the usual working set).
+    const MAX_CLASSES: usize = 1024;
+
+    /// Forgets every price (the costs changed).
+    pub(crate) fn clear(&mut self) {
+        self.by_class.clear();
+    }
+
+    /// Every schedule candidate of `plan` with its estimate (`None`: not priced).
+    fn of(
+        &mut self,
+        plan: &Plan,
+        means: &Means,
+        config: &Config,
+        costs: &Costs,
+        hosts: &Hosts,
+    ) -> Vec<(Choice, Option<f64>)> {
+        let bytes = plan.count.saturating_mul(plan.dtype.size());
+        let class = size_class(bytes);
+        let key = (plan.collective, class);
+        if let Some(p) = self.by_class.get(&key) {
+            return p.clone();
+        }
+        let priced: Vec<(Choice, Option<f64>)> =
+            schedule_candidates(plan.collective, means, config)
+                .into_iter()
+                .map(|c| (c, price_schedule(plan, c, class, means, costs, hosts)))
+                .collect();
+        if self.by_class.len() >= Self::MAX_CLASSES {
+            self.by_class.clear();
+        }
+        self.by_class.insert(key, priced.clone());
+        priced
+    }
+}
+
+/// A size's class: 0 for 0 bytes, else k + 1 where 2^k is the power of two at or above it.
+fn size_class(bytes: usize) -> u32 {
+    if bytes == 0 {
+        0
+    } else {
+        usize::BITS - (bytes - 1).leading_zeros() + 1
+    }
+}
+
+/// The schedules `collective` may run here: every algorithm that implements it (the
+/// hierarchical one where ranks span hosts and share them, with each leg between hosts for
+/// all-reduce).
+fn schedule_candidates(collective: Collective, means: &Means, config: &Config) -> Vec<Choice> {
+    let mut out = Vec::new();
+    for a in Algorithm::ALL
+        .into_iter()
+        .filter(|a| a.supports(collective))
+    {
+        let base = Choice::new(a)
+            .slice_bytes(means.slice_bytes)
+            .scratch_slots(config.scratch_slots);
+        match a {
+            Algorithm::Hierarchical if means.hosts < 2 || means.per_host < 2 => {}
+            Algorithm::Hierarchical if collective == Collective::AllReduce => {
+                out.push(base.leg(Algorithm::Direct));
+                out.push(base.leg(Algorithm::Ring));
+            }
+            _ => out.push(base),
+        }
+    }
+    out
+}
+
+/// The simulated time of `choice` for `plan` at the top of size class `class` (rooted at 0),
+/// with the measured link models; `None` where a model is missing or there are too many ranks.
+fn price_schedule(
+    plan: &Plan,
+    choice: Choice,
+    class: u32,
+    means: &Means,
+    costs: &Costs,
+    hosts: &Hosts,
+) -> Option<f64> {
+    let n = hosts.nranks();
+    if !(2..=MAX_PRICED_RANKS).contains(&n) || n != means.nranks {
+        return None;
+    }
+    let model = |kind: Option<LinkKind>| -> Option<LinkModel> {
+        let l = costs.link(kind?)?;
+        // Copies in memory run at about the rate of folds (both stream through the cache).
+        let gamma = costs.gamma().unwrap_or(0.0);
+        Some(LinkModel {
+            alpha: l.alpha,
+            beta: l.beta,
+            gamma,
+            copy: gamma,
+        })
+    };
+    let local = if means.per_host >= 2 {
+        model(means.local)?
+    } else {
+        model(means.local).or_else(|| model(means.remote))?
+    };
+    let remote = if means.hosts >= 2 {
+        model(means.remote)?
+    } else {
+        local
+    };
+    let elem = plan.dtype.size();
+    let top = if class == 0 {
+        0
+    } else {
+        1usize << (class - 1).min(40)
+    };
+    let count = top.div_ceil(elem);
+    let p = Plan { count, ..*plan }.root(0);
+    let schedules = (0..n)
+        .map(|r| algo::schedule_on(&p, &choice, r, hosts))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    let config = SimConfig {
+        link_buffer: 2,
+        check_races: false,
+        model: local,
+    };
+    let report = sim::price_across(&schedules, p.dtype, &config, hosts, remote).ok()?;
+    Some(report.time)
+}
+
+/// The route for `plan` on a communicator offering `means`, its ranks on `hosts`, configured
+/// by `config`: forced where the configuration says so, else the cheapest priced candidate —
+/// the ways through the group area by `costs`' measured curves, the schedules by simulating
+/// them under `costs`' link models — and the size rules where nothing is priced.
+pub(crate) fn decide(
+    plan: &Plan,
+    means: &Means,
+    config: &Config,
+    costs: &Costs,
+    hosts: &Hosts,
+    prices: &mut Prices,
+) -> Decision {
     let bytes = plan.count.saturating_mul(plan.dtype.size());
-    if means.area && on_area(plan.collective) && config.algorithm.is_none() {
+    let c = plan.collective;
+    if let Some(a) = config.algorithm.filter(|a| a.supports(c)) {
+        let mut choice = Choice::new(a)
+            .slice_bytes(means.slice_bytes)
+            .scratch_slots(config.scratch_slots);
+        if a == Algorithm::Hierarchical {
+            choice = choice.leg(leg(bytes, means));
+        }
+        return Decision {
+            route: Route::Schedule(choice),
+            why: "forced by OXCCL_ALGO",
+        };
+    }
+    let area = means.area && on_area(c) && config.algorithm.is_none();
+    let overridden = config.area_way.is_some()
+        || (c == Collective::AllReduce
+            && (config.direct_min.is_some() || config.direct_max.is_some()))
+        || (c != Collective::AllReduce && config.direct_copy_min.is_some());
+    let scheduled = if area && overridden {
+        Vec::new()
+    } else {
+        prices.of(plan, means, config, costs, hosts)
+    };
+    let best = scheduled
+        .iter()
+        .filter_map(|&(c, t)| Some((c, t?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if area {
         let (way, why) = area_way(plan, bytes, means, config, costs);
+        // A schedule over the links instead only where it is cheaper than the area's best
+        // way in both placements (ranks placed differently must still meet).
+        if let (Some((choice, t)), Some(a)) = (best, area_both(plan, bytes, means, costs))
+            && !overridden
+            && 2.0 * t < a
+        {
+            return Decision {
+                route: Route::Schedule(choice),
+                why: "the cost model's cheapest: a schedule over the links",
+            };
+        }
         return Decision {
             route: Route::Area(way),
             why,
         };
     }
-    let (algorithm, why) = match config.algorithm {
-        Some(a) if a.supports(plan.collective) => (a, "forced by OXCCL_ALGO"),
-        _ => hierarchical(plan.collective, bytes, means)
-            .unwrap_or_else(|| default_algorithm(plan.collective, bytes, means.nranks)),
-    };
+    if let Some((choice, _)) = best {
+        return Decision {
+            route: Route::Schedule(choice),
+            why: "the cost model's cheapest schedule",
+        };
+    }
+    let (algorithm, why) =
+        hierarchical(c, bytes, means).unwrap_or_else(|| default_algorithm(c, bytes, means.nranks));
     let mut choice = Choice::new(algorithm)
         .slice_bytes(means.slice_bytes)
         .scratch_slots(config.scratch_slots);
@@ -151,39 +363,71 @@ pub(crate) fn decide(plan: &Plan, means: &Means, config: &Config, costs: &Costs)
     }
 }
 
-/// Every way `plan` may take through the group area here, with its estimated time in seconds
-/// (`None`: never measured), in the order the tuner considers them; empty when the call does
-/// not go through the area. What `explain`'s table and the tuner's debug log show.
+/// The area's cheapest way in both placements together (the same on every rank), seconds.
+fn area_both(plan: &Plan, bytes: usize, means: &Means, costs: &Costs) -> Option<f64> {
+    candidates(plan.collective, bytes, means)
+        .into_iter()
+        .flatten()
+        .filter_map(|w| {
+            Some(
+                costs.estimate(key(plan.collective, w, false), bytes)?
+                    + costs.estimate(key(plan.collective, w, true), bytes)?,
+            )
+        })
+        .min_by(f64::total_cmp)
+}
+
+/// Every route `plan` may take here that the tuner prices — the ways through the group area
+/// (for the plan's placement) and the schedules over the links — with its estimated time in
+/// seconds (`None`: not measured or not priced), in the order the tuner considers them. Empty
+/// when the configuration forces an algorithm. What `explain`'s table and the tuner's debug
+/// log show.
 pub(crate) fn price(
     plan: &Plan,
     means: &Means,
     config: &Config,
     costs: &Costs,
-) -> Vec<(Way, Option<f64>)> {
-    if !(means.area && on_area(plan.collective) && config.algorithm.is_none()) {
+    hosts: &Hosts,
+    prices: &mut Prices,
+) -> Vec<(Route, Option<f64>)> {
+    if config
+        .algorithm
+        .is_some_and(|a| a.supports(plan.collective))
+    {
         return Vec::new();
     }
     let bytes = plan.count.saturating_mul(plan.dtype.size());
-    candidates(plan.collective, bytes, means)
-        .into_iter()
-        .flatten()
-        .map(|way| {
-            (
-                way,
-                costs.estimate(key(plan.collective, way, plan.in_place), bytes),
-            )
-        })
-        .collect()
+    let mut out = Vec::new();
+    if means.area && on_area(plan.collective) {
+        out.extend(
+            candidates(plan.collective, bytes, means)
+                .into_iter()
+                .flatten()
+                .map(|way| {
+                    (
+                        Route::Area(way),
+                        costs.estimate(key(plan.collective, way, plan.in_place), bytes),
+                    )
+                }),
+        );
+    }
+    out.extend(
+        prices
+            .of(plan, means, config, costs, hosts)
+            .into_iter()
+            .map(|(c, t)| (Route::Schedule(c), t)),
+    );
+    out
 }
 
-/// `way ≈ time` for each priced candidate, for logs and tables.
-pub fn table_line(table: &[(Way, Option<f64>)]) -> String {
+/// `route ≈ time` for each priced candidate of `collective`, for logs and tables.
+pub fn table_line(collective: Collective, table: &[(Route, Option<f64>)]) -> String {
     if table.is_empty() {
-        return "none priced (a schedule over the links)".into();
+        return "none priced (forced)".into();
     }
-    let each = table.iter().map(|(w, t)| match t {
-        Some(t) => format!("{} ≈ {:.2} µs", w.name(), t * 1e6),
-        None => format!("{} (not measured)", w.name()),
+    let each = table.iter().map(|(r, t)| match t {
+        Some(t) => format!("{} ≈ {:.2} µs", r.name_for(collective), t * 1e6),
+        None => format!("{} (not priced)", r.name_for(collective)),
     });
     each.collect::<Vec<_>>().join(", ")
 }
@@ -410,7 +654,23 @@ mod tests {
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
             hosts: 1,
             per_host: nranks,
+            local: None,
+            remote: None,
         }
+    }
+
+    /// The hosts `m` describes: `m.hosts` hosts of `m.per_host` ranks, numbered host by host.
+    fn hosts_of(m: &Means) -> Hosts {
+        let labels: Vec<usize> = (0..m.nranks).map(|r| r / m.per_host.max(1)).collect();
+        Hosts::from_labels(&labels)
+    }
+
+    fn decide(plan: &Plan, m: &Means, config: &Config, costs: &Costs) -> Decision {
+        super::decide(plan, m, config, costs, &hosts_of(m), &mut Prices::default())
+    }
+
+    fn price(plan: &Plan, m: &Means, config: &Config, costs: &Costs) -> Vec<(Route, Option<f64>)> {
+        super::price(plan, m, config, costs, &hosts_of(m), &mut Prices::default())
     }
 
     #[test]
@@ -583,7 +843,14 @@ mod tests {
                 decide(&plan, &m, &c, &costs).route,
                 Route::Schedule(_)
             ));
-            assert!(price(&plan, &m, &c, &costs).is_empty());
+            // Priced only where the links' models are known (not in these costs).
+            let priced = price(&plan, &m, &c, &costs);
+            assert!(!priced.is_empty());
+            assert!(
+                priced
+                    .iter()
+                    .all(|p| matches!(p, (Route::Schedule(_), None)))
+            );
         }
         // The slice size is the communicator's, whatever was configured.
         let plan = Plan::new(Collective::Broadcast, 10, DataType::F32);
@@ -636,9 +903,9 @@ mod tests {
                 if coll == Collective::AllReduce && op != Way::OneShot {
                     for (p, w) in [(plan, op), (plan.in_place(true), ip)] {
                         let t = price(&p, &m, &c, &costs);
-                        let mine = t.iter().find(|x| x.0 == w).unwrap().1.unwrap();
+                        let mine = t.iter().find(|x| x.0 == Route::Area(w)).unwrap().1.unwrap();
                         for (other, cost) in &t {
-                            if *other != Way::OneShot {
+                            if matches!(other, Route::Area(w) if *w != Way::OneShot) {
                                 assert!(mine <= cost.unwrap(), "{p:?}: {w:?} over {other:?}");
                             }
                         }
@@ -648,8 +915,9 @@ mod tests {
         }
     }
 
+    /// Where the link models are missing, the size rules decide.
     #[test]
-    fn ranks_spanning_hosts_that_share_them_go_hierarchical() {
+    fn ranks_spanning_hosts_that_share_them_go_hierarchical_by_the_rules() {
         let (c, costs) = (Config::default(), Costs::defaults());
         let across = |hosts, per_host| Means {
             hosts,
@@ -703,5 +971,124 @@ mod tests {
             pick(Collective::AllReduce, 8, &across(1, 4)).0,
             Algorithm::Hierarchical
         );
+    }
+
+    /// Costs with link models only: shared memory fast, TCP `tcp_alpha` per message at 1 GB/s.
+    fn linked(tcp_alpha: f64) -> Costs {
+        Costs::from_points("links", 4, [])
+            .with_link(
+                LinkKind::Shm,
+                LinkCost {
+                    alpha: 0.5e-6,
+                    beta: 0.1e-9,
+                },
+            )
+            .with_link(
+                LinkKind::Tcp,
+                LinkCost {
+                    alpha: tcp_alpha,
+                    beta: 1e-9,
+                },
+            )
+            .with_gamma(0.02e-9)
+    }
+
+    #[test]
+    fn schedules_are_priced_by_simulation_and_the_cheapest_is_taken() {
+        let c = Config::default();
+        let pick = |coll, bytes: usize, m: &Means, costs: &Costs, in_place| {
+            let plan = Plan::new(coll, bytes / 4, DataType::F32).in_place(in_place);
+            let d = decide(&plan, m, &c, costs);
+            let table = price(&plan, m, &c, costs);
+            let Route::Schedule(choice) = d.route else {
+                panic!("{d:?}")
+            };
+            // Every candidate priced, and the pick the cheapest of them.
+            assert!(table.iter().all(|(_, t)| t.is_some()), "{table:?}");
+            let best = table
+                .iter()
+                .map(|(_, t)| t.unwrap())
+                .fold(f64::INFINITY, f64::min);
+            let mine = table
+                .iter()
+                .find(|(r, _)| *r == Route::Schedule(choice))
+                .unwrap()
+                .1
+                .unwrap();
+            assert_eq!(mine, best, "{coll} {bytes}: {d} of {table:?}");
+            assert!(d.why.contains("cost model"), "{d}");
+            (choice.algorithm, choice.leg, table.len())
+        };
+        // 2 hosts x 2 ranks: shared memory inside, TCP between.
+        let two = Means {
+            hosts: 2,
+            per_host: 2,
+            local: Some(LinkKind::Shm),
+            remote: Some(LinkKind::Tcp),
+            ..means(4, false, false)
+        };
+        let costs = linked(20e-6);
+        for bytes in [8, 64 << 10, 64 << 20] {
+            let (a, _, n) = pick(Collective::AllReduce, bytes, &two, &costs, false);
+            // ring, tree, hd, direct, and hierarchical with each leg.
+            assert_eq!(n, 6);
+            assert_eq!(
+                pick(Collective::AllReduce, bytes, &two, &costs, true).0,
+                a,
+                "placement does not change a schedule's price"
+            );
+        }
+        // Large: the TCP links carry each byte once per host pair, not once per rank.
+        assert_eq!(
+            pick(Collective::AllReduce, 64 << 20, &two, &costs, false).0,
+            Algorithm::Hierarchical
+        );
+        for coll in [Collective::AllGather, Collective::ReduceScatter] {
+            assert_eq!(
+                pick(coll, 16 << 20, &two, &costs, false).0,
+                Algorithm::Hierarchical,
+                "{coll}"
+            );
+        }
+        // 4 hosts x 1 rank, dear messages: one exchange for a tiny all-reduce (one round
+        // where the others take two or more), a ring for a large one (each byte crosses
+        // 1.5 times per rank, where direct sends it three times).
+        let flat = Means {
+            hosts: 4,
+            per_host: 1,
+            local: None,
+            remote: Some(LinkKind::Tcp),
+            ..means(4, false, false)
+        };
+        assert_eq!(
+            pick(Collective::AllReduce, 8, &flat, &linked(50e-6), false).0,
+            Algorithm::Direct
+        );
+        let large = pick(
+            Collective::AllReduce,
+            256 << 20,
+            &flat,
+            &linked(1e-6),
+            false,
+        )
+        .0;
+        assert_eq!(large, Algorithm::Ring);
+        // Too many ranks to simulate at call time, or no link model: the size rules.
+        let many = Means {
+            hosts: 100,
+            per_host: 1,
+            remote: Some(LinkKind::Tcp),
+            ..means(100, false, false)
+        };
+        let plan = Plan::new(Collective::AllReduce, 2, DataType::F32);
+        let d = decide(&plan, &many, &c, &costs);
+        assert!(!d.why.contains("cost model"), "{d}");
+        assert!(
+            price(&plan, &many, &c, &costs)
+                .iter()
+                .all(|(_, t)| t.is_none())
+        );
+        let d = decide(&plan, &flat, &c, &Costs::from_points("none", 4, []));
+        assert!(!d.why.contains("cost model"), "{d}");
     }
 }

@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# The tuner against measurement, for the ways through the shared group area: for each size
-# (8 B .. 256 MiB by 4) and placement, every way forced (OXCCL_AREA_WAY), the tuner with the
+# The tuner against measurement: for each size (8 B .. 256 MiB by 4) and placement, every
+# candidate forced — the ways through the shared group area (OXCCL_AREA_WAY), or with -t tcp
+# the schedules over TCP links (OXCCL_ALGO: ring, tree, hd, direct) — the tuner with the
 # defaults, and the tuner with a calibration run on this machine just before, all interleaved
 # round by round. Prints, per size and placement, each way's time, what the tuner picked and how
 # its time compares with the measured best (target: within 10%, or 2 µs for sizes that take
 # less than 20 µs).
 #
 # usage: tools/perf/tuner-check.sh [-r ROUNDS=3] [-n RANKS=2] [-o COLLECTIVE=all_reduce]
-#                                  [-e MAXBYTES=256M]
+#                                  [-e MAXBYTES=256M] [-t TRANSPORT=shm|tcp]
 # results: target/perf/tuner-<collective>-<time>/ (summary.md, the CSVs, costs.txt)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3 RANKS=2 COLL=all_reduce MAX=256M
-while getopts "r:n:o:e:" o; do
+ROUNDS=3 RANKS=2 COLL=all_reduce MAX=256M TRANSPORT=shm
+while getopts "r:n:o:e:t:" o; do
   case $o in
     r) ROUNDS=$OPTARG ;;
     n) RANKS=$OPTARG ;;
     o) COLL=$OPTARG ;;
     e) MAX=$OPTARG ;;
+    t) TRANSPORT=$OPTARG ;;
     *) exit 2 ;;
   esac
 done
-if [ "$COLL" = all_reduce ]; then WAYS="one-shot two-shot direct"; else WAYS="staged direct"; fi
-OUT=$PWD/target/perf/tuner-$COLL-$(date +%Y%m%d-%H%M%S)
+FORCE=OXCCL_AREA_WAY
+if [ "$TRANSPORT" = tcp ]; then
+  WAYS="ring tree hd direct"; FORCE=OXCCL_ALGO
+  case $COLL in
+    all_gather|reduce_scatter) WAYS="ring direct" ;;
+    broadcast|reduce) WAYS="ring tree direct" ;;
+  esac
+elif [ "$COLL" = all_reduce ]; then WAYS="one-shot two-shot direct"; else WAYS="staged direct"; fi
+export OXCCL_TRANSPORTS=$TRANSPORT
+OUT=$PWD/target/perf/tuner-$COLL-$TRANSPORT-${RANKS}r-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
 cargo build --release -q -p allreduce-perf
 PERF=target/release/allreduce-perf
@@ -33,14 +43,15 @@ OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" --ranks "$RANKS" -b 8 -e 8 --calibrate \
 grep -h "tuner costs" "$OUT/calibrate.log" || true
 for r in $(seq 1 "$ROUNDS"); do
   for way in $WAYS; do
-    OXCCL_TUNE=defaults OXCCL_AREA_WAY=$way "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
+    env OXCCL_TUNE=defaults "$FORCE=$way" "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
   done
   OXCCL_TUNE=defaults "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-defaults-r$r.csv" > /dev/null
   OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-calibrated-r$r.csv" > /dev/null
 done
-python3 - "$OUT" "$WAYS" > "$OUT/summary.md" <<'PY'
+python3 - "$OUT" "$WAYS" "$TRANSPORT" > "$OUT/summary.md" <<'PY'
 import collections, csv, glob, os, statistics, sys
-out, ways = sys.argv[1], sys.argv[2].split()
+out, ways, transport = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+prefix = "shm " if transport == "shm" else ""
 times = collections.defaultdict(list)   # (run, size, placement) -> [us]
 picks = {}                              # (run, size, placement) -> route
 for path in sorted(glob.glob(os.path.join(out, "*-r*.csv"))):
@@ -50,10 +61,10 @@ for path in sorted(glob.glob(os.path.join(out, "*-r*.csv"))):
         algo = row["algorithm"]
         route = algo.split("; in place ")[1] if place == "in-place" and "; in place " in algo \
             else algo.split(";")[0]
-        if run in ways and route != f"shm {run}":
+        if run in ways and route != f"{prefix}{run}":
             continue  # the way cannot take this call (one-shot past an area buffer)
         times[(run, size, place)].append(float(row["time_us"]))
-        picks[(run, size, place)] = route.replace("shm ", "")
+        picks[(run, size, place)] = route.replace("shm ", "") if prefix else route
 med = {k: statistics.median(v) for k, v in times.items()}
 sizes = sorted({k[1] for k in med})
 def fmt(us):

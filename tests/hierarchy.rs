@@ -182,7 +182,11 @@ fn check_layout(labels: &[usize]) {
                     .filter_map(|p| p.1)
                     .fold(f64::INFINITY, f64::min);
                 let mine = priced.iter().find(|p| p.0 == route).and_then(|p| p.1);
-                assert_eq!(mine, Some(best), "rank {r}: {decision} of {priced:?}");
+                // (Within the tie margin, fewer message hops win.)
+                assert!(
+                    mine.is_some_and(|t| t <= best * (1.0 + oxccl::tune::TIE)),
+                    "rank {r}: {decision} of {priced:?}"
+                );
                 let hierarchical = matches!(route,
                     Route::Schedule(ch) if ch.algorithm == Algorithm::Hierarchical);
                 if !(nhosts > 1 && shared) {
@@ -244,6 +248,11 @@ fn calibration_measures_each_kind_of_link() {
         costs.source().starts_with("links calibrated on"),
         "{}",
         costs.source()
+    );
+    assert_eq!(
+        costs.ranks(),
+        3,
+        "a cache is checked against the rank count"
     );
     for kind in [LinkKind::Shm, LinkKind::Tcp] {
         let l = costs

@@ -97,9 +97,9 @@ fn a_fixture_of_two_hosts_is_what_the_tuner_sees() {
             .iter()
             .filter_map(|p| p.1)
             .fold(f64::INFINITY, f64::min);
-        assert_eq!(
-            priced.iter().find(|p| p.0 == route).and_then(|p| p.1),
-            Some(best),
+        let mine = priced.iter().find(|p| p.0 == route).and_then(|p| p.1);
+        assert!(
+            mine.is_some_and(|t| t <= best * (1.0 + oxccl::tune::TIE)),
             "rank {}: {route:?} of {priced:?}",
             c.rank()
         );

@@ -12,7 +12,7 @@ use std::time::Instant;
 use oxccl_transport_shm::area::AREA_BYTES;
 
 use super::Communicator;
-use crate::algo::{Choice, Collective, Plan};
+use crate::algo::{Algorithm, Choice, Collective, Plan};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::config::{Config, Tune};
 use crate::error::{Error, Result};
@@ -104,19 +104,44 @@ impl Communicator {
         let mut measured = if self.inner.means.area {
             self.measure(calibration)?
         } else {
-            self.costs().with_source(&format!(
-                "links calibrated on {}, {} ranks, oxccl {} (area ways: {})",
-                self.inner.topo.hosts[0],
-                self.size(),
-                env!("CARGO_PKG_VERSION"),
-                self.costs().source()
-            ))
+            self.costs()
+                .with_source(&format!(
+                    "links calibrated on {}, {} ranks, oxccl {} (area ways: {})",
+                    self.inner.topo.hosts[0],
+                    self.size(),
+                    env!("CARGO_PKG_VERSION"),
+                    self.costs().source()
+                ))
+                .with_ranks(self.size())
         };
         for (kind, cost) in self.measure_links()? {
             measured = measured.with_link(kind, cost);
         }
         if self.rank() == 0 {
             measured = measured.with_gamma(measure_gamma());
+        }
+        // A hop costs more when every rank is busy (ranks sharing cores wait to be scheduled)
+        // than in a ping-pong between two: α is scaled so that the simulated 8-byte ring
+        // all-reduce takes what it takes here with every rank at work.
+        let plan = Plan::new(Collective::AllReduce, 2, DataType::F32);
+        let ring = Choice::new(Algorithm::Ring).slice_bytes(self.inner.means.slice_bytes);
+        let mut words = [0u64; 2];
+        let (a, b) = words.split_at_mut(1);
+        let loaded = self.time(&plan, Route::Schedule(ring), 50, (a, b))?;
+        if self.rank() == 0
+            && let Some(simulated) =
+                tune::simulate(&plan, ring, &self.inner.means, &measured, &self.inner.hosts)
+                    .filter(|&t| t > 0.0)
+        {
+            let factor = (loaded / simulated).clamp(1.0, 1000.0);
+            if factor > 1.0 {
+                let source = format!(
+                    "{}; link α × {factor:.2} (8-byte ring: {:.2} µs with every rank at work)",
+                    measured.source(),
+                    loaded * 1e6
+                );
+                measured = measured.scale_alpha(factor).with_source(&source);
+            }
         }
         // Everyone takes rank 0's table: its length, then its text.
         let mut text = if self.rank() == 0 {
@@ -283,7 +308,7 @@ impl Communicator {
                         let plan =
                             Plan::new(collective, bytes / 4, DataType::F32).in_place(in_place);
                         let iters = (c.budget / bytes.max(1)).clamp(3, 40);
-                        let t = self.time(&plan, way, iters, (&mut a, &mut b))?;
+                        let t = self.time(&plan, Route::Area(way), iters, (&mut a, &mut b))?;
                         points.push((bytes, t));
                     }
                     let key = Key {
@@ -303,12 +328,12 @@ impl Communicator {
         Ok(Costs::from_points(&source, n, curves))
     }
 
-    /// The median time of `iters` calls of `plan` forced onto `way` (after one more to warm
+    /// The median time of `iters` calls of `plan` forced onto `route` (after one more to warm
     /// up), in seconds.
     fn time(
         &self,
         plan: &Plan,
-        way: Way,
+        route: Route,
         iters: usize,
         (a, b): (&mut [u64], &mut [u64]),
     ) -> Result<f64> {
@@ -320,7 +345,7 @@ impl Communicator {
             _ => (bytes, bytes),
         };
         let decision = Decision {
-            route: Route::Area(way),
+            route,
             why: "calibration",
         };
         let mut times = Vec::with_capacity(iters);

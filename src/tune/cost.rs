@@ -217,6 +217,12 @@ impl Costs {
         self
     }
 
+    /// These costs stated for `ranks` ranks (what a cache is checked against).
+    pub fn with_ranks(mut self, ranks: usize) -> Costs {
+        self.ranks = ranks;
+        self
+    }
+
     /// These costs with `kind`'s link model set (dropped if not finite and non-negative).
     pub fn with_link(mut self, kind: LinkKind, cost: LinkCost) -> Costs {
         self.links[kind.index()] = cost.valid().then_some(cost);
@@ -227,6 +233,18 @@ impl Costs {
     /// and non-negative).
     pub fn with_gamma(mut self, gamma: f64) -> Costs {
         self.gamma = (gamma.is_finite() && (0.0..=MAX_SECONDS).contains(&gamma)).then_some(gamma);
+        self
+    }
+
+    /// These costs with every link's α multiplied by `factor` (finite and positive; else
+    /// unchanged).
+    pub fn scale_alpha(mut self, factor: f64) -> Costs {
+        if factor.is_finite() && factor > 0.0 {
+            for l in self.links.iter_mut().flatten() {
+                l.alpha *= factor;
+            }
+            self.links = self.links.map(|l| l.filter(LinkCost::valid));
+        }
         self
     }
 

@@ -18,9 +18,18 @@
 //! (they agree at their first turn); one-shot or not, and staged or direct, are priced over
 //! both placements. Set thresholds override the costs (`OXCCL_DIRECT_MIN` / `_MAX`,
 //! `OXCCL_DIRECT_COPY_MIN`), `OXCCL_AREA_WAY` forces a way, and `OXCCL_ALGO` forces a schedule
-//! algorithm wherever that algorithm implements the collective. Schedules over links are still
-//! chosen by size rules from the α-β table in `docs/cost-model.md`, and across hosts by the
-//! shape of the job (the hierarchical algorithm where ranks span hosts and share them).
+//! algorithm wherever that algorithm implements the collective.
+//!
+//! Schedules over the links — every algorithm that implements the collective, and where ranks
+//! span hosts and share them the hierarchical one with each leg between hosts — are priced by
+//! simulating every rank's schedule ([`crate::algo::sim::price_across`]) under [`Costs`]' α-β
+//! model of each kind of link (shared memory inside a host, TCP; measured by the same
+//! calibration) and its fold rate, with a host's ranks sharing its memory bus and its network
+//! card. The cheapest is taken; within [`TIE`] of it, the one with the fewest message hops on
+//! its critical path. Prices are kept per (collective, size class). On one host a schedule
+//! replaces the area only where it is cheaper than the area's best way in both placements
+//! together. Beyond [`MAX_PRICED_RANKS`] ranks, or without link models, size rules decide
+//! (the α-β table in `docs/cost-model.md`, and across hosts the shape of the job).
 
 use oxccl_transport_shm::area::AREA_BYTES;
 
@@ -150,7 +159,13 @@ pub(crate) struct Means {
 }
 
 /// Schedule candidates with their estimated times in seconds (`None`: not priced).
-type Priced = Vec<(Choice, Option<f64>)>;
+/// With each, the simulated time in seconds and the message hops on its critical path.
+type Priced = Vec<(Choice, Option<(f64, usize)>)>;
+
+/// Schedules priced within this fraction of the cheapest count as ties, broken by fewer message
+/// hops on the critical path: what the model leaves out (processor time per message, waiting
+/// to be scheduled where ranks share cores) grows with them.
+pub const TIE: f64 = 0.02;
 
 /// Estimated times of the schedule candidates, by (collective, size class): simulating them
 /// is the dear part of a decision, and every size of a class is priced at the class's top.
@@ -168,7 +183,8 @@ impl Prices {
         self.by_class.clear();
     }
 
-    /// Every schedule candidate of `plan` with its estimate (`None`: not priced).
+    /// Every schedule candidate of `plan` with its estimate and critical-path hops (`None`:
+    /// not priced).
     fn of(
         &mut self,
         plan: &Plan,
@@ -176,18 +192,17 @@ impl Prices {
         config: &Config,
         costs: &Costs,
         hosts: &Hosts,
-    ) -> Vec<(Choice, Option<f64>)> {
+    ) -> Priced {
         let bytes = plan.count.saturating_mul(plan.dtype.size());
         let class = size_class(bytes);
         let key = (plan.collective, class);
         if let Some(p) = self.by_class.get(&key) {
             return p.clone();
         }
-        let priced: Vec<(Choice, Option<f64>)> =
-            schedule_candidates(plan.collective, means, config)
-                .into_iter()
-                .map(|c| (c, price_schedule(plan, c, class, means, costs, hosts)))
-                .collect();
+        let priced: Priced = schedule_candidates(plan.collective, means, config)
+            .into_iter()
+            .map(|c| (c, price_schedule(plan, c, class, means, costs, hosts)))
+            .collect();
         if self.by_class.len() >= Self::MAX_CLASSES {
             self.by_class.clear();
         }
@@ -229,8 +244,26 @@ fn schedule_candidates(collective: Collective, means: &Means, config: &Config) -
     out
 }
 
+/// The simulated time of `choice` for `plan` (rooted at 0) on `hosts` under `costs`' link
+/// models; `None` where a model is missing or there are too many ranks.
+pub(crate) fn simulate(
+    plan: &Plan,
+    choice: Choice,
+    means: &Means,
+    costs: &Costs,
+    hosts: &Hosts,
+) -> Option<f64> {
+    let bytes = plan.count.saturating_mul(plan.dtype.size());
+    let p = Plan {
+        count: bytes.next_power_of_two() / plan.dtype.size().max(1),
+        ..*plan
+    };
+    price_schedule(&p, choice, size_class(bytes), means, costs, hosts).map(|(t, _)| t)
+}
+
 /// The simulated time of `choice` for `plan` at the top of size class `class` (rooted at 0),
-/// with the measured link models; `None` where a model is missing or there are too many ranks.
+/// with the measured link models, and the message hops on its critical path; `None` where a
+/// model is missing or there are too many ranks.
 fn price_schedule(
     plan: &Plan,
     choice: Choice,
@@ -238,7 +271,7 @@ fn price_schedule(
     means: &Means,
     costs: &Costs,
     hosts: &Hosts,
-) -> Option<f64> {
+) -> Option<(f64, usize)> {
     let n = hosts.nranks();
     if !(2..=MAX_PRICED_RANKS).contains(&n) || n != means.nranks {
         return None;
@@ -282,7 +315,7 @@ fn price_schedule(
         model: local,
     };
     let report = sim::price_across(&schedules, p.dtype, &config, hosts, remote).ok()?;
-    Some(report.time)
+    Some((report.time, report.rounds))
 }
 
 /// The route for `plan` on a communicator offering `means`, its ranks on `hosts`, configured
@@ -321,10 +354,18 @@ pub(crate) fn decide(
     } else {
         prices.of(plan, means, config, costs, hosts)
     };
+    let cheapest = scheduled
+        .iter()
+        .filter_map(|(_, p)| p.map(|(t, _)| t))
+        .fold(f64::INFINITY, f64::min);
     let best = scheduled
         .iter()
-        .filter_map(|&(c, t)| Some((c, t?)))
-        .min_by(|a, b| a.1.total_cmp(&b.1));
+        .filter_map(|&(c, p)| {
+            let (t, hops) = p?;
+            (t <= cheapest * (1.0 + TIE)).then_some((c, t, hops))
+        })
+        .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)))
+        .map(|(c, t, _)| (c, t));
     if area {
         let (way, why) = area_way(plan, bytes, means, config, costs);
         // A schedule over the links instead only where it is cheaper than the area's best
@@ -415,7 +456,7 @@ pub(crate) fn price(
         prices
             .of(plan, means, config, costs, hosts)
             .into_iter()
-            .map(|(c, t)| (Route::Schedule(c), t)),
+            .map(|(c, p)| (Route::Schedule(c), p.map(|(t, _)| t))),
     );
     out
 }
@@ -1015,7 +1056,11 @@ mod tests {
                 .unwrap()
                 .1
                 .unwrap();
-            assert_eq!(mine, best, "{coll} {bytes}: {d} of {table:?}");
+            // (Within the tie margin, fewer hops on the critical path win.)
+            assert!(
+                mine <= best * (1.0 + TIE),
+                "{coll} {bytes}: {d} of {table:?}"
+            );
             assert!(d.why.contains("cost model"), "{d}");
             (choice.algorithm, choice.leg, table.len())
         };

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # All-reduce across simulated hosts (tools/sim-hosts/hosts.sh), in one run per link rate:
 # one TCP stream between two hosts (tcp_stream.py), 2 hosts x 1 rank, and 2 hosts x 2 ranks
-# with the tuner's route (hierarchical) and with flat algorithms forced. Prints, per size,
-# the time of each (out of place) and, at the end, the issue's ratios: 8 B on 2 x 2 against
+# with the tuner's route and with every algorithm forced (hierarchical, ring, direct, hd,
+# tree). The tuner runs on a calibration of these links made just before (allreduce-perf
+# --calibrate on each layout, cached in the results directory). Prints, per size, the time of
+# each (out of place), the tuner's pick and how it compares with the fastest forced algorithm
+# (target: within 10%, or 2 µs), and at the end the issue's ratios: 8 B on 2 x 2 against
 # 2 x 1, and the largest size's bus bandwidth against the stream.
 #
 # Usage: tools/perf/sim-hosts.sh [-b RATE]... [-e MAXBYTES] [-R REPEATS]   (root; release build)
@@ -33,18 +36,27 @@ for rate in "${rates[@]}"; do
   echo "== rate $rate"
   bash "$hosts" -n 2 -r 1 -q "${shape[@]}" -t 60 -- python3 tools/perf/tcp_stream.py 3 2>/dev/null \
     | tee "$out/stream-$rate.txt"
-  for setup in "2x1 auto" "2x2 auto" "2x2 ring" "2x2 direct" "2x2 hd"; do
+  for layout in 2x1 2x2; do
+    n=${layout%x*}; r=${layout#*x}
+    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q \
+      "${shape[@]}" -t 600 -- "$rank_sh" "$perf" -b 8 -e 8 --calibrate >/dev/null 2>&1
+    grep -h "^link\|^fold" "$out/costs-$rate-$layout.txt" | sed "s/^/# $layout calibrated: /"
+  done
+  for setup in "2x1 auto" "2x2 auto" "2x2 hierarchical" "2x2 ring" "2x2 direct" "2x2 hd" \
+      "2x2 tree"; do
     read -r layout algo <<<"$setup"
     n=${layout%x*}; r=${layout#*x}
-    bash "$hosts" -n "$n" -r "$r" -q "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
-      -b 8 -e "$max" -f 8 -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" 2>/dev/null \
-      >"$out/$rate-$layout-$algo.txt"
+    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q \
+      "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
+      -b 8 -e "$max" -f 8 -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" \
+      --csv "$PWD/$out/$rate-$layout-$algo.csv" 2>/dev/null >"$out/$rate-$layout-$algo.txt"
     grep -m1 "Rank  0" "$out/$rate-$layout-$algo.txt" | sed "s/^/# $layout $algo: /"
   done
   python3 - "$out" "$rate" <<'PY'
 import sys, re, pathlib
 out, rate = pathlib.Path(sys.argv[1]), sys.argv[2]
-setups = ["2x1-auto", "2x2-auto", "2x2-ring", "2x2-direct", "2x2-hd"]
+setups = ["2x1-auto", "2x2-auto", "2x2-hierarchical", "2x2-ring", "2x2-direct", "2x2-hd",
+          "2x2-tree"]
 tables = {}
 for s in setups:
     rows = {}
@@ -53,13 +65,29 @@ for s in setups:
         if len(f) >= 13 and f[0].isdigit():
             rows[int(f[0])] = (float(f[5]), float(f[7]))
     tables[s] = rows
+import csv
+picks = {}
+for row in csv.DictReader(open(out / f"{rate}-2x2-auto.csv")):
+    if row["placement"] == "out-of-place":
+        picks[int(row["size"])] = row["algorithm"].split(";")[0]
 sizes = sorted(tables["2x2-auto"])
-print("| size | " + " | ".join(s.replace("-", " ") for s in setups) + " | auto / best flat 2x2 |")
-print("|---" * (len(setups) + 2) + "|")
+forced = setups[2:]
+print("| size | 2x1 auto | 2x2 tuner | " + " | ".join(s.replace("2x2-", "") for s in forced)
+      + " | tuner's pick forced / best forced |")
+print("|---" * (len(forced) + 4) + "|")
+misses = []
 for b in sizes:
-    t = [tables[s].get(b, (float("nan"), 0))[0] for s in setups]
-    best_flat = min(t[2:])
-    print(f"| {b} | " + " | ".join(f"{x:.1f} µs" for x in t) + f" | {best_flat / t[1]:.2f}× |")
+    t = {s: tables[s].get(b, (float("nan"), 0))[0] for s in setups}
+    best = min(forced, key=lambda s: t[s])
+    pick = picks.get(b, "?")
+    mine = t.get(f"2x2-{pick}", t["2x2-auto"])
+    ok = mine <= 1.10 * t[best] or mine - t[best] <= 2.0
+    if not ok:
+        misses.append(f"{b} B: {pick} {mine:.1f} µs vs {best[4:]} {t[best]:.1f} µs")
+    print(f"| {b} | {t['2x1-auto']:.1f} µs | {pick} {t['2x2-auto']:.1f} µs | "
+          + " | ".join(f"{t[s]:.1f} µs" for s in forced)
+          + f" | {mine / t[best]:.2f}{'' if ok else ' ✗'} |")
+print("misses (over 10% and 2 µs): " + ("; ".join(misses) if misses else "none"))
 stream = float(re.search(r"= ([0-9.]+) GB/s", (out / f"stream-{rate}.txt").read_text()).group(1))
 big = sizes[-1]
 bus = tables["2x2-auto"][big][1]

@@ -314,3 +314,19 @@ fn every_way_forced_at_any_size_matches_the_reference() {
         }
     }
 }
+
+/// One rank has no link to time and no peer to wait for: its calibration still completes, is
+/// stated for one rank, and leaves the communicator working.
+#[test]
+fn a_single_rank_calibrates() {
+    let dir = scratch("single");
+    let config = Config::default().tune_file(Some(dir.join("costs.txt")));
+    let comms = Communicator::init_local(1, shm(config)).unwrap();
+    let costs = comms[0]
+        .calibrate_with(&Calibration::up_to(4 << 10))
+        .unwrap();
+    assert_eq!(costs.ranks(), 1);
+    let mut v = vec![1.5f32, -2.0, 3.25];
+    comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, [1.5, -2.0, 3.25]);
+}

@@ -127,7 +127,11 @@ impl Communicator {
         let ring = Choice::new(Algorithm::Ring).slice_bytes(self.inner.means.slice_bytes);
         let mut words = [0u64; 2];
         let (a, b) = words.split_at_mut(1);
-        let loaded = self.time(&plan, Route::Schedule(ring), 50, (a, b))?;
+        let loaded = if self.size() > 1 {
+            self.time(&plan, Route::Schedule(ring), 50, (a, b))?
+        } else {
+            0.0
+        };
         if self.rank() == 0
             && let Some(simulated) =
                 tune::simulate(&plan, ring, &self.inner.means, &measured, &self.inner.hosts)

@@ -173,7 +173,8 @@ pub struct Cli {
     #[arg(long, value_name = "RANK", hide = true)]
     pub corrupt_rank: Option<usize>,
 
-    /// Before the sweep, measure every way through the shared group area on this machine and
+    /// Before the sweep, measure every way through the shared group area and the links the
+    /// schedules run over (shared memory inside a host, TCP between hosts) on this machine and
     /// let the tuner price calls with the result (rank 0 caches it for later runs; see
     /// OXCCL_TUNE, OXCCL_TUNE_FILE).
     #[arg(long)]

@@ -4,7 +4,7 @@
 # with the tuner's route and with every algorithm forced (hierarchical, ring, direct, hd,
 # tree). The tuner runs on a calibration of these links made just before (allreduce-perf
 # --calibrate on each layout, cached in the results directory). Prints, per size, the time of
-# each (out of place), the tuner's pick and how it compares with the fastest forced algorithm
+# each (out of place; in place in brackets for the tuner's rows), the tuner's pick and how it compares with the fastest forced algorithm
 # (target: within 10%, or 2 µs), and at the end the ratios: 8 B on 2 x 2 against
 # 2 x 1, and the largest size's bus bandwidth against the stream.
 #
@@ -63,7 +63,7 @@ for s in setups:
     for line in (out / f"{rate}-{s}.txt").read_text().splitlines():
         f = line.split()
         if len(f) >= 13 and f[0].isdigit():
-            rows[int(f[0])] = (float(f[5]), float(f[7]))
+            rows[int(f[0])] = (float(f[5]), float(f[7]), float(f[9]))
     tables[s] = rows
 import csv
 picks = {}
@@ -77,14 +77,16 @@ print("| size | 2x1 auto | 2x2 tuner | " + " | ".join(s.replace("2x2-", "") for 
 print("|---" * (len(forced) + 4) + "|")
 misses = []
 for b in sizes:
-    t = {s: tables[s].get(b, (float("nan"), 0))[0] for s in setups}
+    t = {s: tables[s].get(b, (float("nan"), 0, float("nan")))[0] for s in setups}
+    ip = {s: tables[s].get(b, (float("nan"), 0, float("nan")))[2] for s in setups}
     best = min(forced, key=lambda s: t[s])
     pick = picks.get(b, "?")
     mine = t.get(f"2x2-{pick}", t["2x2-auto"])
     ok = mine <= 1.10 * t[best] or mine - t[best] <= 2.0
     if not ok:
         misses.append(f"{b} B: {pick} {mine:.1f} µs vs {best[4:]} {t[best]:.1f} µs")
-    print(f"| {b} | {t['2x1-auto']:.1f} µs | {pick} {t['2x2-auto']:.1f} µs | "
+    print(f"| {b} | {t['2x1-auto']:.1f} µs ({ip['2x1-auto']:.1f}) | {pick} {t['2x2-auto']:.1f} µs "
+          f"({ip['2x2-auto']:.1f}) | "
           + " | ".join(f"{t[s]:.1f} µs" for s in forced)
           + f" | {mine / t[best]:.2f}{'' if ok else ' ✗'} |")
 print("misses (over 10% and 2 µs): " + ("; ".join(misses) if misses else "none"))

@@ -1056,3 +1056,66 @@ fn a_set_sent_just_before_hanging_up_wakes_waiters() {
         start.elapsed()
     );
 }
+
+/// `OXCCL_TOKEN_FILE`: the secret from a file only this user may read; a file others can read
+/// or write, a wrong content, a missing file or both variables at once are refused, naming
+/// the variable and the file.
+#[test]
+fn the_secret_can_come_from_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("oxccl-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let mode =
+        |m: u32| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(0o600);
+    let path = file.to_str().unwrap();
+    let base = [
+        ("OXCCL_RANK", "0"),
+        ("OXCCL_WORLD_SIZE", "1"),
+        ("OXCCL_STORE", "127.0.0.1:4242"),
+    ];
+    let with = |extra: &[(&'static str, &str)]| -> Vec<(&str, String)> {
+        base.iter()
+            .map(|&(k, v)| (k, v.to_owned()))
+            .chain(extra.iter().map(|&(k, v)| (k, v.to_owned())))
+            .collect()
+    };
+    let pairs = with(&[("OXCCL_TOKEN_FILE", path)]);
+    let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(read(&refs).secret, Secret::from_hex(TOKEN));
+    // Readable by the group, or by everyone: refused.
+    for m in [0o640, 0o604, 0o620] {
+        mode(m);
+        fails(&refs, &["OXCCL_TOKEN_FILE", path, "chmod 600"]);
+    }
+    mode(0o400);
+    assert_eq!(read(&refs).secret, Secret::from_hex(TOKEN));
+    // Another user's file (only root can hand one over; elsewhere this part is skipped).
+    if std::os::unix::fs::chown(&file, Some(65534), None).is_ok() {
+        fails(&refs, &["OXCCL_TOKEN_FILE", "belongs to uid 65534"]);
+        let me = std::fs::metadata(&dir).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid()
+        });
+        std::os::unix::fs::chown(&file, me.ok(), None).unwrap();
+    }
+    // Not a secret, not a file, or said twice.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&file, "not hex").unwrap();
+    fails(&refs, &["OXCCL_TOKEN_FILE", "64 hex digits"]);
+    std::fs::write(&file, "0".repeat(4096)).unwrap();
+    fails(&refs, &["OXCCL_TOKEN_FILE", "1 KiB"]);
+    let gone = dir.join("missing");
+    let pairs = with(&[("OXCCL_TOKEN_FILE", gone.to_str().unwrap())]);
+    let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    fails(&refs, &["OXCCL_TOKEN_FILE", "missing"]);
+    let pairs = with(&[("OXCCL_TOKEN_FILE", dir.to_str().unwrap())]);
+    let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    fails(&refs, &["OXCCL_TOKEN_FILE", "regular file"]);
+    let pairs = with(&[("OXCCL_TOKEN_FILE", path), ("OXCCL_TOKEN", TOKEN)]);
+    let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    fails(&refs, &["OXCCL_TOKEN_FILE", "OXCCL_TOKEN"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

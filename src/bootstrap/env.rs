@@ -42,7 +42,9 @@ use crate::{Error, Result};
 /// under torchrun, whose agent already listens on `MASTER_PORT`. Set it to `oxccl` to make
 /// rank 0 host oxccl's store anyway.
 ///
-/// The secret is `OXCCL_TOKEN` (64 hex digits) when set. Otherwise, with oxccl's store, it is
+/// The secret is `OXCCL_TOKEN` (64 hex digits) when set, or the content of the file
+/// `OXCCL_TOKEN_FILE` names (see [`token_file`]: owned by this user, mode 0600). Otherwise,
+/// with oxccl's store, it is
 /// derived from the store address, the world size and any job id found (SLURM_JOB_ID,
 /// TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid): that tells concurrent jobs apart but does not
 /// keep out other users of the machines, and a warning says so. With a torch store it is left
@@ -173,6 +175,43 @@ fn bad(msg: String) -> Error {
     Error::Bootstrap(msg)
 }
 
+/// The secret in the file at `path` (`OXCCL_TOKEN_FILE`): 64 hex digits (surrounding white
+/// space allowed), in a regular file of at most 1 KiB that belongs to this user and that no one
+/// else may read or write (mode `0600` or stricter) — a secret others can read protects nothing.
+pub fn token_file(path: &std::path::Path) -> Result<Secret> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let name = path.display();
+    let bad = |why: String| bad(format!("OXCCL_TOKEN_FILE {name}: {why}"));
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    // The opened file's own metadata: what is read is what was checked.
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(bad(format!(
+            "belongs to uid {}, not to this user (uid {me})",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "mode {:o} lets others read or write it (chmod 600)",
+            meta.mode() & 0o777
+        )));
+    }
+    let mut text = String::new();
+    file.take(1025)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(e.to_string()))?;
+    if text.len() > 1024 {
+        return Err(bad("longer than 1 KiB".into()));
+    }
+    Secret::from_hex(text.trim()).ok_or_else(|| bad("does not hold 64 hex digits".into()))
+}
+
 impl Rendezvous {
     /// Reads the process environment; `Ok(None)` when no launcher's variables are set (a
     /// single process, or a job that will pass a [`super::UniqueId`] instead).
@@ -301,14 +340,20 @@ impl Rendezvous {
             StoreProtocol::Oxccl
         };
 
-        let secret = match var("OXCCL_TOKEN") {
-            Some(hex) => Some(
+        let secret = match (var("OXCCL_TOKEN"), var("OXCCL_TOKEN_FILE")) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "OXCCL_TOKEN and OXCCL_TOKEN_FILE are both set: say the secret once".into(),
+                ));
+            }
+            (Some(hex), None) => Some(
                 Secret::from_hex(&hex)
                     .ok_or_else(|| bad("OXCCL_TOKEN is not 64 hex digits".into()))?,
             ),
+            (None, Some(path)) => Some(token_file(std::path::Path::new(&path))?),
             // Rank 0 draws it when the store is opened.
-            None if torch => None,
-            None => {
+            (None, None) if torch => None,
+            (None, None) => {
                 let mut material = format!("oxccl job\0store={store}\0world_size={world_size}");
                 let mut ids = Vec::new();
                 for name in JOB_IDS {
@@ -320,7 +365,8 @@ impl Rendezvous {
                 tracing::warn!(
                     "OXCCL_TOKEN is not set: the job secret is derived from the store address, \
                      the world size{}; it tells jobs apart but does not protect this job against \
-                     other local users (set OXCCL_TOKEN to 64 random hex digits on every rank)",
+                     other local users (set OXCCL_TOKEN to 64 random hex digits on every rank, \
+                     or OXCCL_TOKEN_FILE to a file of them only you can read)",
                     if ids.is_empty() {
                         String::new()
                     } else {

@@ -461,7 +461,8 @@ pub(crate) fn price(
     }
     let bytes = plan.count.saturating_mul(plan.dtype.size());
     let mut out = Vec::new();
-    if means.area && on_area(plan.collective) {
+    // (Any forced algorithm keeps calls off the area, as in `decide`.)
+    if means.area && on_area(plan.collective) && config.algorithm.is_none() {
         out.extend(
             candidates(plan.collective, bytes, means)
                 .into_iter()
@@ -758,6 +759,12 @@ mod tests {
                     if Algorithm::Tree.supports(c) {
                         assert_eq!(choice.algorithm, Algorithm::Tree);
                     }
+                    // What the table lists is what the decision considers: no area ways.
+                    let listed = price(&plan, &m, &forced, costs);
+                    assert!(
+                        listed.iter().all(|(r, _)| matches!(r, Route::Schedule(_))),
+                        "{c}: {listed:?}"
+                    );
                 }
             }
         }

@@ -417,14 +417,7 @@ impl Inner {
         if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
             let class = usize::BITS - bytes.leading_zeros();
             if st.logged.len() < 4096 && st.logged.insert((plan.collective, class, plan.in_place)) {
-                let table = tune::price(
-                    plan,
-                    &self.means,
-                    &self.config,
-                    &st.costs,
-                    &self.hosts,
-                    &mut st.prices,
-                );
+                let table = self.price(st, plan);
                 tracing::debug!(target: "oxccl::tune", rank = self.rank,
                     "{} of {bytes} B{}: {}; candidates: {} (costs: {})",
                     plan.collective,
@@ -435,6 +428,18 @@ impl Inner {
             }
         }
         d
+    }
+
+    /// Every route the tuner prices for `plan`, with its estimate (see `tune::price`).
+    fn price(&self, st: &mut State, plan: &Plan) -> Vec<(Route, Option<f64>)> {
+        tune::price(
+            plan,
+            &self.means,
+            &self.config,
+            &st.costs,
+            &self.hosts,
+            &mut st.prices,
+        )
     }
 
     /// Queues `plan` on the route `decision` (the routing decision's for it): schedules are

@@ -75,15 +75,7 @@ impl Communicator {
     /// algorithm. [`Communicator::explain`] says which one is taken.
     pub fn candidates(&self, plan: &Plan) -> Vec<(Route, Option<f64>)> {
         let mut st = self.inner.lock();
-        let st = &mut *st;
-        tune::price(
-            plan,
-            &self.inner.means,
-            &self.inner.config,
-            &st.costs,
-            &self.inner.hosts,
-            &mut st.prices,
-        )
+        self.inner.price(&mut st, plan)
     }
 
     /// Measures every way through the shared group area on this machine — each collective that
@@ -104,15 +96,15 @@ impl Communicator {
         let mut measured = if self.inner.means.area {
             self.measure(calibration)?
         } else {
-            self.costs()
-                .with_source(&format!(
-                    "links calibrated on {}, {} ranks, oxccl {} (area ways: {})",
-                    self.inner.topo.hosts[0],
-                    self.size(),
-                    env!("CARGO_PKG_VERSION"),
-                    self.costs().source()
-                ))
-                .with_ranks(self.size())
+            let kept = self.costs();
+            let source = format!(
+                "links calibrated on {}, {} ranks, oxccl {} (area ways: {})",
+                self.inner.topo.hosts[0],
+                self.size(),
+                env!("CARGO_PKG_VERSION"),
+                kept.source()
+            );
+            kept.with_source(&source).with_ranks(self.size())
         };
         for (kind, cost) in self.measure_links()? {
             measured = measured.with_link(kind, cost);
@@ -185,9 +177,9 @@ impl Communicator {
         Ok(costs)
     }
 
-    /// Times the links (α from 8-byte messages, β from 4 MiB ones): a ping-pong between the first two ranks of the first host that has two
-    /// (the links inside a host) and between rank 0 and the first rank of the next host (the
-    /// links between hosts). Rank 0's answer: each measured kind with its model (the pairs'
+    /// Times the links (α from 8-byte messages, β from 4 MiB ones): a ping-pong between the
+    /// first two ranks of the first host that has two (the links inside a host) and between
+    /// rank 0 and the first rank of the next host (the links between hosts). Rank 0's answer: each measured kind with its model (the pairs'
     /// first ranks send theirs to rank 0); the other ranks' is empty.
     fn measure_links(&self) -> Result<Vec<(LinkKind, LinkCost)>> {
         let hosts = &self.inner.hosts;

@@ -165,8 +165,8 @@ pub(crate) struct Means {
     pub remote: Option<LinkKind>,
 }
 
-/// Schedule candidates with their estimated times in seconds (`None`: not priced).
-/// With each, the simulated time in seconds and the message hops on its critical path.
+/// Schedule candidates, each with its simulated time in seconds and the message hops on its
+/// critical path (`None`: not priced).
 type Priced = Vec<(Choice, Option<(f64, usize)>)>;
 
 /// Schedules priced within this fraction of the cheapest count as ties, broken by fewer message
@@ -236,9 +236,7 @@ fn schedule_candidates(collective: Collective, means: &Means, config: &Config) -
         .into_iter()
         .filter(|a| a.supports(collective))
     {
-        let base = Choice::new(a)
-            .slice_bytes(means.slice_bytes)
-            .scratch_slots(config.scratch_slots);
+        let base = choice(a, means, config);
         match a {
             Algorithm::Hierarchical if means.hosts < 2 || means.per_host < 2 => {}
             Algorithm::Hierarchical if collective == Collective::AllReduce => {
@@ -251,8 +249,9 @@ fn schedule_candidates(collective: Collective, means: &Means, config: &Config) -
     out
 }
 
-/// The simulated time of `choice` for `plan` (rooted at 0) on `hosts` under `costs`' link
-/// models; `None` where a model is missing or there are too many ranks.
+/// The simulated time of `choice` for `plan` (rooted at 0, at the top of its size class) on
+/// `hosts` under `costs`' link models; `None` where a model is missing or there are too many
+/// ranks.
 pub(crate) fn simulate(
     plan: &Plan,
     choice: Choice,
@@ -261,11 +260,7 @@ pub(crate) fn simulate(
     hosts: &Hosts,
 ) -> Option<f64> {
     let bytes = plan.count.saturating_mul(plan.dtype.size());
-    let p = Plan {
-        count: bytes.next_power_of_two() / plan.dtype.size().max(1),
-        ..*plan
-    };
-    price_schedule(&p, choice, size_class(bytes), means, costs, hosts).map(|(t, _)| t)
+    price_schedule(plan, choice, size_class(bytes), means, costs, hosts).map(|(t, _)| t)
 }
 
 /// The simulated time of `choice` for `plan` at the top of size class `class` (rooted at 0),
@@ -355,14 +350,8 @@ pub(crate) fn decide(
     let bytes = plan.count.saturating_mul(plan.dtype.size());
     let c = plan.collective;
     if let Some(a) = config.algorithm.filter(|a| a.supports(c)) {
-        let mut choice = Choice::new(a)
-            .slice_bytes(means.slice_bytes)
-            .scratch_slots(config.scratch_slots);
-        if a == Algorithm::Hierarchical {
-            choice = choice.leg(leg(bytes, means));
-        }
         return Decision {
-            route: Route::Schedule(choice),
+            route: Route::Schedule(ruled(a, bytes, means, config)),
             why: "forced by OXCCL_ALGO",
         };
     }
@@ -393,7 +382,6 @@ pub(crate) fn decide(
         // A schedule over the links instead only where it is cheaper than the area's best
         // way in both placements (ranks placed differently must still meet).
         if let (Some((choice, t)), Some(a)) = (best, area_both(plan, bytes, means, costs))
-            && !overridden
             && 2.0 * t < a
         {
             return Decision {
@@ -414,15 +402,27 @@ pub(crate) fn decide(
     }
     let (algorithm, why) =
         hierarchical(c, bytes, means).unwrap_or_else(|| default_algorithm(c, bytes, means.nranks));
-    let mut choice = Choice::new(algorithm)
-        .slice_bytes(means.slice_bytes)
-        .scratch_slots(config.scratch_slots);
-    if algorithm == Algorithm::Hierarchical {
-        choice = choice.leg(leg(bytes, means));
-    }
     Decision {
-        route: Route::Schedule(choice),
+        route: Route::Schedule(ruled(algorithm, bytes, means, config)),
         why,
+    }
+}
+
+/// `algorithm` with the communicator's slicing and scratch.
+fn choice(algorithm: Algorithm, means: &Means, config: &Config) -> Choice {
+    Choice::new(algorithm)
+        .slice_bytes(means.slice_bytes)
+        .scratch_slots(config.scratch_slots)
+}
+
+/// [`choice`] where nothing was priced (forced, or the size rules): the hierarchical
+/// algorithm's leg between hosts by [`leg`]'s rule, set only on it (the only one that reads it).
+fn ruled(algorithm: Algorithm, bytes: usize, means: &Means, config: &Config) -> Choice {
+    let c = choice(algorithm, means, config);
+    if algorithm == Algorithm::Hierarchical {
+        c.leg(leg(bytes, means))
+    } else {
+        c
     }
 }
 

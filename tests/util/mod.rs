@@ -616,3 +616,26 @@ pub fn float_op(op: ReduceOp, x: f64, y: f64) -> f64 {
         other => panic!("{other} is not a float operator"),
     }
 }
+
+/// Checks that `comm` takes, for `plan`, a route it priced, at most the tie margin above the
+/// cheapest it priced (within the margin, fewer message hops win); the error shows the table.
+pub fn takes_a_cheapest_route(comm: &oxccl::Communicator, plan: &Plan) -> Result<(), String> {
+    let decision = comm.explain(plan);
+    let priced = comm.candidates(plan);
+    let best = priced
+        .iter()
+        .filter_map(|p| p.1)
+        .fold(f64::INFINITY, f64::min);
+    let mine = priced
+        .iter()
+        .find(|p| p.0 == decision.route)
+        .and_then(|p| p.1);
+    if mine.is_some_and(|t| t <= best * (1.0 + oxccl::tune::TIE)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "rank {}: {decision} is not a cheapest of {priced:?}",
+            comm.rank()
+        ))
+    }
+}

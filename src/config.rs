@@ -87,6 +87,16 @@ pub struct Config {
     pub topo_file: Option<PathBuf>,
     /// Where rank 0 writes the job's topology as JSON after creation (`OXCCL_TOPO_DUMP_FILE`).
     pub topo_dump_file: Option<PathBuf>,
+    /// Calls the flight recorder keeps per communicator (`OXCCL_TRACE_ENTRIES`; default
+    /// [`crate::trace::DEFAULT_ENTRIES`]; 0 turns it off; at most
+    /// [`crate::trace::MAX_ENTRIES`]). See [`crate::trace`].
+    pub trace_entries: usize,
+    /// Where the flight recorder writes its dumps (`OXCCL_TRACE_DIR`; default
+    /// `$TMPDIR/oxccl-trace-<uid>`).
+    pub trace_dir: Option<PathBuf>,
+    /// Whether SIGUSR1 dumps every communicator's flight recorder (`OXCCL_TRACE_SIGNAL`,
+    /// `0`/`off` to leave SIGUSR1 alone; default on).
+    pub trace_signal: bool,
 }
 
 impl Default for Config {
@@ -107,6 +117,9 @@ impl Default for Config {
             tune_file: None,
             topo_file: None,
             topo_dump_file: None,
+            trace_entries: crate::trace::DEFAULT_ENTRIES,
+            trace_dir: None,
+            trace_signal: true,
         }
     }
 }
@@ -220,6 +233,19 @@ impl Config {
         c.topo_dump_file = get("OXCCL_TOPO_DUMP_FILE")
             .filter(|v| !v.trim().is_empty())
             .map(PathBuf::from);
+        if let Some(v) = get("OXCCL_TRACE_ENTRIES") {
+            c.trace_entries = number("OXCCL_TRACE_ENTRIES", &v, "not a count")?;
+        }
+        c.trace_dir = get("OXCCL_TRACE_DIR")
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
+        if let Some(v) = get("OXCCL_TRACE_SIGNAL") {
+            c.trace_signal = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "on" | "true" | "yes" => true,
+                "0" | "off" | "false" | "no" => false,
+                _ => return Err(bad("OXCCL_TRACE_SIGNAL", &v, "not on/1 or off/0")),
+            };
+        }
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             c.scratch_slots = number("OXCCL_SCRATCH_SLOTS", &v, "not a count")?;
         }
@@ -274,6 +300,14 @@ impl Config {
                 ),
             ));
         }
+        if self.trace_entries > crate::trace::MAX_ENTRIES {
+            return Err(bad(
+                "trace_entries",
+                "OXCCL_TRACE_ENTRIES",
+                &self.trace_entries,
+                format!("must be at most {}", crate::trace::MAX_ENTRIES),
+            ));
+        }
         self.transports.validate()
     }
 
@@ -312,6 +346,27 @@ impl Config {
     /// With [`Config::area_way`] set.
     pub fn area_way(self, area_way: Option<Way>) -> Config {
         Config { area_way, ..self }
+    }
+
+    /// With [`Config::trace_entries`] set.
+    pub fn trace_entries(self, trace_entries: usize) -> Config {
+        Config {
+            trace_entries,
+            ..self
+        }
+    }
+
+    /// With [`Config::trace_dir`] set.
+    pub fn trace_dir(self, trace_dir: Option<PathBuf>) -> Config {
+        Config { trace_dir, ..self }
+    }
+
+    /// With [`Config::trace_signal`] set.
+    pub fn trace_signal(self, trace_signal: bool) -> Config {
+        Config {
+            trace_signal,
+            ..self
+        }
     }
 
     /// With [`Config::tune`] set.

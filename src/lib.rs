@@ -66,6 +66,7 @@ pub mod launch;
 mod logging;
 pub mod reduce;
 pub mod topo;
+pub mod trace;
 pub mod tune;
 pub mod types;
 mod work;

@@ -169,8 +169,13 @@ impl Communicator {
                 (peer, Descriptor::PointToPoint { seq, sends, recvs })
             })
             .collect();
+        let peers: Vec<Rank> = totals.iter().map(|t| t.0).collect();
+        let mark = comm
+            .inner
+            .trace
+            .point_to_point(st.groups[peers[0]] - 1, &peers);
         st.engine.submit(Operation {
-            name: OpName::PointToPoint(totals.iter().map(|t| t.0).collect()),
+            name: OpName::PointToPoint(peers),
             work: Work::PointToPoint {
                 messages,
                 descriptors,
@@ -178,6 +183,7 @@ impl Communicator {
             input: (std::ptr::null(), 0),
             output: (std::ptr::null_mut(), 0),
             result: result.clone(),
+            mark,
         });
         Ok(Some(result))
     }

@@ -36,6 +36,7 @@ use crate::exec::flags::Flags;
 use crate::exec::op::{OpName, OpResult, Operation, Work};
 use crate::exec::progress::Compiled;
 use crate::topo::Topology;
+use crate::trace::{Recorder, Trace};
 use crate::tune::{self, Costs, Decision, Route};
 use crate::types::Rank;
 use setup::Boot;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     means: tune::Means,
     /// Per peer, the transport of its link.
     link_names: Vec<Option<&'static str>>,
+    /// The flight recorder (the engine holds it too).
+    pub(crate) trace: Arc<Recorder>,
 }
 
 /// Everything that changes per call, under one lock.
@@ -272,6 +275,18 @@ impl Communicator {
         self.inner.decide(&mut st, plan)
     }
 
+    /// This rank's flight recorder: the communicator's last calls (up to
+    /// [`Config::trace_entries`]) with their routes, states and times. See [`crate::trace`].
+    pub fn trace(&self) -> Trace {
+        self.inner.trace.snapshot("requested")
+    }
+
+    /// Writes [`Communicator::trace`] as JSON to the trace directory ([`Config::trace_dir`])
+    /// as `<comm>.rank<r>.json` and returns the file's path.
+    pub fn dump_trace(&self) -> Result<std::path::PathBuf> {
+        self.inner.trace.dump("requested")
+    }
+
     /// Aborts the communicator from any thread: every running and later call fails with
     /// [`Error::Aborted`], and every peer is told at once, idle or not (their running or next
     /// call fails with [`Error::PeerFailed`] naming this rank). Returns at once when nobody
@@ -357,7 +372,13 @@ impl Communicator {
         {
             let seq = st.collectives;
             st.collectives += 1;
-            return st.engine.run_area_now((plan, way, seq), input, output);
+            let mark = self
+                .inner
+                .trace
+                .collective(seq, &plan, decision.route, true);
+            let r = st.engine.run_area_now((plan, way, seq), input, output);
+            self.inner.trace.end(mark, &r);
+            return r;
         }
         let result = Arc::new(OpResult::default());
         self.inner
@@ -469,12 +490,14 @@ impl Inner {
             }
         };
         st.collectives += 1;
+        let mark = self.trace.collective(seq, &plan, decision.route, false);
         st.engine.submit(Operation {
             name: OpName::Collective(plan.collective, seq),
             work,
             input,
             output,
             result,
+            mark,
         });
         Ok(())
     }

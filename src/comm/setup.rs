@@ -192,7 +192,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         }),
         remote: link_kind(&link_names, &hosts, rank, false),
     };
-    let engine = engine.with_area(area);
+    let trace = crate::trace::Recorder::new(
+        &config,
+        rank,
+        size,
+        crate::trace::comm_tag(&boot.prefix, boot.secret.as_bytes()),
+    );
+    let engine = engine.with_area(area).with_recorder(trace.clone());
     tracing::debug!(
         rank,
         size,
@@ -224,6 +230,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             background: Background::default(),
             means,
             link_names,
+            trace,
         }),
     };
     tuning::finish(comm, calibrate)

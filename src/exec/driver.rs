@@ -43,6 +43,7 @@ use super::progress::{Action, Progress};
 use crate::algo::{Buffer, Op, Plan, Region};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
+use crate::trace::Recorder;
 use crate::tune::Way;
 use crate::types::{DataType, Rank};
 
@@ -113,6 +114,8 @@ pub struct Engine {
     area: Option<Arc<AreaPath>>,
     /// Turns of the area used so far (collectives on links do not use it).
     area_turns: u64,
+    /// The communicator's flight recorder.
+    pub(super) recorder: Arc<Recorder>,
 }
 
 impl Engine {
@@ -140,7 +143,13 @@ impl Engine {
             readiness: Vec::new(),
             area: None,
             area_turns: 0,
+            recorder: Recorder::off(rank),
         }
+    }
+
+    /// The same engine recording its operations in `recorder`.
+    pub fn with_recorder(self, recorder: Arc<Recorder>) -> Engine {
+        Engine { recorder, ..self }
     }
 
     /// The same engine running area operations over `area`.
@@ -169,7 +178,7 @@ impl Engine {
                 op: op.name.to_string(),
                 why: why.clone(),
             };
-            op.result.set(Err(e));
+            op.settle(&self.recorder, Err(e));
             return;
         }
         self.queue.push_back(op);
@@ -212,6 +221,16 @@ impl Engine {
             Phase::Spin => std::hint::spin_loop(),
             Phase::Yield => std::thread::yield_now(),
             Phase::Sleep => {
+                if let Some(r) = &self.running {
+                    let peer = r
+                        .desc_in
+                        .iter()
+                        .find(|(_, _, got)| !got)
+                        .map(|(p, _, _)| *p)
+                        .or_else(|| r.progress.as_ref().and_then(|p| p.waiting_for().next()));
+                    let step = r.progress.as_ref().map_or(0, Progress::done_steps);
+                    self.recorder.waiting(peer, Some(step as u64));
+                }
                 let until = self
                     .running
                     .as_ref()
@@ -308,7 +327,7 @@ impl Engine {
             let done = r.outstanding == 0 && r.progress.as_ref().is_none_or(|p| p.is_done());
             if done {
                 let r = self.running.take().expect("checked");
-                r.op.result.set(Ok(()));
+                r.op.settle(&self.recorder, Ok(()));
                 return true;
             }
             if Instant::now() >= r.deadline {
@@ -337,8 +356,9 @@ impl Engine {
         let Work::Area { plan, way, seq } = op.work else {
             return;
         };
+        self.recorder.start(op.mark);
         let r = self.area_op(&op.name, (plan, way, seq), op.input, op.output);
-        op.result.set(r);
+        op.settle(&self.recorder, r);
     }
 
     /// Runs area all-reduce `seq` now, on the calling thread, when nothing is queued or
@@ -429,6 +449,7 @@ impl Engine {
 
     /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, every message).
     fn start(&mut self, op: Operation) {
+        self.recorder.start(op.mark);
         self.serial = self.serial.wrapping_add(1);
         let serial = self.serial;
         let now = Instant::now();
@@ -464,7 +485,7 @@ impl Engine {
                     "rank {}: {} cannot run on links",
                     self.rank, running.op.name
                 ));
-                running.op.result.set(Err(e));
+                running.op.settle(&self.recorder, Err(e));
                 return;
             }
         };
@@ -495,10 +516,13 @@ impl Engine {
             let out_ptr = running.desc_out[i].1.as_ptr();
             let in_ptr = running.desc_in[i].1.as_mut_ptr();
             let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
-                running.op.result.set(Err(Error::InvalidArgument(format!(
-                    "rank {}: {} names rank {peer}, which has no link",
-                    self.rank, running.op.name
-                ))));
+                running.op.settle(
+                    &self.recorder,
+                    Err(Error::InvalidArgument(format!(
+                        "rank {}: {} names rank {peer}, which has no link",
+                        self.rank, running.op.name
+                    ))),
+                );
                 return;
             };
             // SAFETY: the descriptor vectors live in `running`, unmoved and ungrown, until the
@@ -913,6 +937,9 @@ impl Engine {
             }
             self.flags.set_told();
         }
+        if let Some(e) = &error {
+            self.recorder.failed(e);
+        }
         if let Some(r) = self.running.take() {
             let e = error.unwrap_or_else(|| Error::Aborted {
                 rank: self.rank,
@@ -920,14 +947,17 @@ impl Engine {
                 why: why.clone(),
             });
             tracing::debug!(rank = self.rank, op = %r.op.name, after = ?r.started.elapsed(), "operation failed: {e}");
-            r.op.result.set(Err(e));
+            r.op.settle(&self.recorder, Err(e));
         }
         for op in self.queue.drain(..) {
-            op.result.set(Err(Error::Aborted {
-                rank: self.rank,
-                op: op.name.to_string(),
-                why: why.clone(),
-            }));
+            op.settle(
+                &self.recorder,
+                Err(Error::Aborted {
+                    rank: self.rank,
+                    op: op.name.to_string(),
+                    why: why.clone(),
+                }),
+            );
         }
     }
 

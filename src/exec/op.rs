@@ -10,6 +10,7 @@ use super::descriptor::Descriptor;
 use super::progress::Compiled;
 use crate::algo::{Collective, Plan};
 use crate::error::Result;
+use crate::trace::{Mark, Recorder};
 use crate::tune::Way;
 use crate::types::{DataType, Rank};
 
@@ -149,6 +150,16 @@ pub struct Operation {
     pub output: (*mut u8, usize),
     /// Where the result goes.
     pub result: Arc<OpResult>,
+    /// Its entry in the flight recorder.
+    pub mark: Mark,
+}
+
+impl Operation {
+    /// Records how the operation ended and hands its result over.
+    pub(super) fn settle(&self, recorder: &Recorder, r: Result<()>) {
+        recorder.end(self.mark, &r);
+        self.result.set(r);
+    }
 }
 
 // SAFETY: an Operation carries raw pointers to memory its submitter keeps valid (and does not

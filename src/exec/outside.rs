@@ -132,5 +132,6 @@ impl Engine {
         };
         let why = e.to_string();
         self.fail(None, why.clone(), Some((origin, why)));
+        self.recorder.failed(e);
     }
 }

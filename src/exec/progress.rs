@@ -226,6 +226,11 @@ impl Progress {
         }
     }
 
+    /// Steps finished so far.
+    pub fn done_steps(&self) -> usize {
+        self.c.schedule.len() - self.left
+    }
+
     /// Peers this rank still expects messages from: whom a stuck rank is waiting for.
     pub fn waiting_for(&self) -> impl Iterator<Item = Rank> + '_ {
         self.c

@@ -161,6 +161,7 @@ impl<'a> Waiter<'a> {
                 Phase::Spin => {}
                 Phase::Yield => std::thread::yield_now(),
                 Phase::Sleep => {
+                    self.engine.recorder.waiting(Some(blocker), None);
                     let nap = CHECK_EVERY.min(self.deadline - now);
                     self.area.sleep_on(blocker, nap, || ready().is_ok());
                 }

@@ -89,3 +89,115 @@ mod tests {
         assert!("socket".parse::<Bind>().is_err());
     }
 }
+
+/// A job's flight-recorder directory, as a launcher keeps it: every rank dumps there
+/// (`OXCCL_TRACE_DIR`), and when the job fails the launcher asks the ranks still running for
+/// their dumps too and prints who is to blame ([`crate::trace::blame`]).
+#[derive(Debug)]
+pub struct TraceDir {
+    path: std::path::PathBuf,
+    /// Made for this job (removed when the job succeeds), not the user's `OXCCL_TRACE_DIR`.
+    made: bool,
+    /// Dumps older than the job are not its.
+    since_unix_ns: u128,
+}
+
+impl TraceDir {
+    /// The user's `OXCCL_TRACE_DIR`, or else a new private directory under the temporary one.
+    pub fn for_job() -> std::io::Result<TraceDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let since_unix_ns = unix_ns();
+        if let Some(d) = std::env::var_os("OXCCL_TRACE_DIR").filter(|d| !d.is_empty()) {
+            return Ok(TraceDir {
+                path: d.into(),
+                made: false,
+                since_unix_ns,
+            });
+        }
+        let path = std::env::temp_dir().join(format!(
+            "oxccl-job-{}-{}",
+            std::process::id(),
+            since_unix_ns % 1_000_000_000
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(TraceDir {
+            path,
+            made: true,
+            since_unix_ns,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Gives a rank's command the directory.
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.env("OXCCL_TRACE_DIR", &self.path);
+    }
+
+    /// This job's dumps.
+    fn dumps(&self) -> Vec<crate::trace::Trace> {
+        crate::trace::Trace::read_dir(&self.path)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| u128::from(t.start_unix_ns) + u128::from(t.dumped_ns) >= self.since_unix_ns)
+            .collect()
+    }
+
+    /// After a failure: when some rank left a dump (or `hung`: the job ran past its time),
+    /// sends SIGUSR1 to the process of each rank in `running` (rank, pid) so that it dumps
+    /// too, waits up to a second for those dumps, and returns one line per communicator
+    /// saying who the job waited for. Empty when no rank left a dump (not an oxccl program,
+    /// or it failed outside any collective).
+    pub fn blame(&self, running: &[(usize, rustix::process::Pid)], hung: bool) -> Vec<String> {
+        if !hung && self.dumps().is_empty() {
+            return Vec::new();
+        }
+        let asked = unix_ns();
+        for &(_, pid) in running {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::USR1);
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut dumps = self.dumps();
+        while std::time::Instant::now() < until {
+            let fresh = |r: usize| {
+                dumps.iter().any(|t| {
+                    t.rank == r
+                        && u128::from(t.start_unix_ns) + u128::from(t.dumped_ns) >= asked
+                })
+            };
+            if running.iter().all(|&(r, _)| fresh(r)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            dumps = self.dumps();
+        }
+        let comms = crate::trace::blame(&dumps);
+        let many = comms.len() > 1;
+        comms
+            .into_iter()
+            .map(|(comm, line)| {
+                if many {
+                    format!("communicator {comm}: {line}")
+                } else {
+                    line
+                }
+            })
+            .collect()
+    }
+
+    /// Removes the directory if this job made it (after a success: nothing to look at).
+    pub fn remove(self) {
+        if self.made {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}

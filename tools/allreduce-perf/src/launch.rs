@@ -11,6 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use oxccl::bootstrap::{Secret, StoreServer};
+use oxccl::launch::TraceDir;
+use rustix::process::Pid;
 
 use crate::args::{AlgoChoice, Settings};
 
@@ -37,10 +39,12 @@ pub fn standalone(s: &Settings) -> Result<u8, String> {
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
 
     let cpus = oxccl::launch::cpu_plan(n, s.bind_to);
+    let trace = TraceDir::for_job().map_err(|e| format!("cannot make a trace directory: {e}"))?;
     let mut ranks: Vec<Child> = Vec::with_capacity(n);
     for rank in 0..n {
         let cpu = cpus.as_ref().map(|c| c[rank]);
-        match start(&exe, &argv, (rank, n), cpu, server.local_addr(), &secret, s) {
+        let store = (server.local_addr(), &secret);
+        match start(&exe, &argv, (rank, n), cpu, store, &trace, s) {
             Ok(child) => ranks.push(child),
             Err(e) => {
                 kill_all(&mut ranks);
@@ -48,8 +52,11 @@ pub fn standalone(s: &Settings) -> Result<u8, String> {
             }
         }
     }
-    let code = wait(&mut ranks);
+    let code = wait(&mut ranks, &trace);
     drop(server);
+    if code == 0 {
+        trace.remove();
+    }
     Ok(code)
 }
 
@@ -59,8 +66,8 @@ fn start(
     argv: &[OsString],
     (rank, n): (usize, usize),
     cpu: Option<usize>,
-    store: SocketAddr,
-    secret: &Secret,
+    (store, secret): (SocketAddr, &Secret),
+    trace: &TraceDir,
     s: &Settings,
 ) -> Result<Child, String> {
     let mut cmd = Command::new(exe);
@@ -73,6 +80,7 @@ fn start(
         .env("OXCCL_TOKEN", secret.to_hex())
         .env(STANDALONE_VAR, "1")
         .stdin(Stdio::null());
+    trace.apply(&mut cmd);
     if let Some(t) = &s.transport {
         cmd.env("OXCCL_TRANSPORTS", t);
     }
@@ -96,8 +104,9 @@ fn start(
 /// Waits for every rank. A rank that exits 1 finished its run (with wrong elements, which its
 /// table reports), so the others are left to finish theirs; after any other failure they get
 /// [`GRACE`] to notice it and report their side, then are killed. Returns 0, or the status of
-/// the first rank that failed (preferring a real failure to wrong elements).
-fn wait(ranks: &mut [Child]) -> u8 {
+/// the first rank that failed (preferring a real failure to wrong elements). After a real
+/// failure it prints who the job waited for, from the ranks' flight recorders.
+fn wait(ranks: &mut [Child], trace: &TraceDir) -> u8 {
     let mut done = vec![false; ranks.len()];
     let mut code = 0u8;
     let mut deadline: Option<Instant> = None;
@@ -131,10 +140,20 @@ fn wait(ranks: &mut [Child]) -> u8 {
                 deadline = Some(Instant::now() + GRACE);
             }
         }
-        if done.iter().all(|d| *d) {
-            return code;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        let all_done = done.iter().all(|d| *d);
+        if all_done || deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.is_some() {
+                let running: Vec<(usize, Pid)> = (0..ranks.len())
+                    .filter(|&i| !done[i])
+                    .filter_map(|i| Some((i, Pid::from_raw(ranks[i].id() as i32)?)))
+                    .collect();
+                for line in trace.blame(&running, false) {
+                    eprintln!(
+                        "allreduce-perf: flight recorder: {line} (dumps in {})",
+                        trace.path().display()
+                    );
+                }
+            }
             kill_all(ranks);
             return code;
         }

@@ -188,6 +188,16 @@ fn a_dead_rank_stops_the_standalone_job_with_a_message() {
         err.contains("rank 1 was killed by signal 9; stopping the job"),
         "{err}"
     );
+    // Rank 0's flight recorder names rank 1.
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("allreduce-perf: flight recorder: "))
+        .unwrap_or_else(|| panic!("no flight recorder line in: {err}"));
+    assert!(
+        line.contains(": rank 1 failed in or before all_reduce #")
+            && line.contains("and left no dump (killed or crashed?); rank 0 failed because of it"),
+        "{line}"
+    );
 }
 
 #[test]

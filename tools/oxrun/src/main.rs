@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use oxccl::bootstrap::{Secret, StoreServer};
+use oxccl::launch::TraceDir;
 use rustix::process::{Pid, Signal};
 
 mod output;
@@ -107,6 +108,7 @@ fn run(args: &Args) -> Result<u8, String> {
     let forwarders = Forwarders::default();
     let n = args.nranks as usize;
     let cpus = oxccl::launch::cpu_plan(n, args.bind_to);
+    let trace = TraceDir::for_job().map_err(|e| format!("cannot make a trace directory: {e}"))?;
 
     let mut ranks = Vec::with_capacity(n);
     for rank in 0..n {
@@ -114,8 +116,8 @@ fn run(args: &Args) -> Result<u8, String> {
             args,
             rank,
             cpus.as_ref().map(|c| c[rank]),
-            server.local_addr(),
-            &secret,
+            (server.local_addr(), &secret),
+            &trace,
             &forwarders,
         ) {
             Ok(r) => ranks.push(r),
@@ -134,6 +136,7 @@ fn run(args: &Args) -> Result<u8, String> {
                 "oxrun: rank {rank} {}; stopping the {running} other running ranks",
                 describe(status)
             );
+            report(&trace, &ranks, false);
             terminate(&mut ranks, &signals);
             break failure_code(status);
         }
@@ -153,6 +156,7 @@ fn run(args: &Args) -> Result<u8, String> {
                 "oxrun: the job ran longer than --timeout {:?}; stopping all ranks",
                 args.timeout.unwrap_or_default()
             );
+            report(&trace, &ranks, true);
             terminate(&mut ranks, &signals);
             break TIMED_OUT;
         }
@@ -164,7 +168,26 @@ fn run(args: &Args) -> Result<u8, String> {
     };
     forwarders.wait(DRAIN);
     drop(server);
+    if code == 0 {
+        trace.remove();
+    }
     Ok(code)
+}
+
+/// Prints who the failed job waited for, from the ranks' flight recorders (the ranks still
+/// running are asked for their dumps first).
+fn report(trace: &TraceDir, ranks: &[Rank], hung: bool) {
+    let running: Vec<(usize, Pid)> = ranks
+        .iter()
+        .filter(|r| r.status.is_none())
+        .map(|r| (r.rank, r.pid))
+        .collect();
+    for line in trace.blame(&running, hung) {
+        eprintln!(
+            "oxrun: flight recorder: {line} (dumps in {}; oxccl-trace reads them)",
+            trace.path().display()
+        );
+    }
 }
 
 /// Starts one rank in its own process group, with its output piped to forwarders.
@@ -172,8 +195,8 @@ fn start(
     args: &Args,
     rank: usize,
     cpu: Option<usize>,
-    store: SocketAddr,
-    secret: &Secret,
+    (store, secret): (SocketAddr, &Secret),
+    trace: &TraceDir,
     forwarders: &Forwarders,
 ) -> Result<Rank, String> {
     let program = &args.command[0];
@@ -186,6 +209,7 @@ fn start(
         .env("OXCCL_LOCAL_WORLD_SIZE", &n)
         .env("OXCCL_STORE", store.to_string())
         .env("OXCCL_TOKEN", secret.to_hex())
+        .env("OXCCL_TRACE_DIR", trace.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -331,3 +331,81 @@ fn success_needs_every_rank_to_succeed_and_bad_usage_fails() {
             .success()
     );
 }
+
+/// Not a test of its own: each rank of `a_failed_job_names_the_rank_it_waits_for`. Three
+/// all-reduces together, then rank 2 stays away from the fourth.
+#[test]
+fn trace_body() {
+    if std::env::var_os("OXRUN_TEST_TRACE_BODY").is_none() {
+        return;
+    }
+    let comm = oxccl::Communicator::init(oxccl::Config::from_env().unwrap()).unwrap();
+    let mut x = vec![1.0f32; 256];
+    for _ in 0..3 {
+        comm.all_reduce_in_place(&mut x, oxccl::ReduceOp::Sum)
+            .unwrap();
+    }
+    if comm.rank() == 2 {
+        std::thread::sleep(Duration::from_secs(30));
+        return;
+    }
+    if let Err(e) = comm.all_reduce_in_place(&mut x, oxccl::ReduceOp::Sum) {
+        println!("\nFAILED {e}");
+        std::process::exit(2);
+    }
+}
+
+#[test]
+fn a_failed_job_names_the_rank_it_waits_for() {
+    let me = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let out = oxrun()
+        .env("OXRUN_TEST_TRACE_BODY", "1")
+        .env("OXCCL_TIMEOUT", "1")
+        .env_remove("OXCCL_TRACE_DIR")
+        .args(["-n", "3", "--timeout", "60", "--"])
+        .arg(me)
+        .args(["--exact", "trace_body", "--nocapture", "--test-threads=1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = "oxrun: flight recorder: rank 2 never called all_reduce #3 \
+                (rank 2's last call: all_reduce #2, done); ranks 0, 1 wait for it (dumps in ";
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("oxrun: flight recorder"))
+        .unwrap_or_else(|| panic!("no flight recorder line in: {stderr}"));
+    assert!(line.starts_with(want), "{line}");
+    // The dumps stay for oxccl-trace, which says the same.
+    let dir = line[want.len()..].split(';').next().unwrap();
+    let read = Command::new(env!("CARGO_BIN_EXE_oxccl-trace"))
+        .args(["--calls", "2", dir])
+        .output()
+        .unwrap();
+    assert!(read.status.success(), "{read:?}");
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(
+        text.contains(
+            "(3 ranks, 3 dumps): rank 2 never called all_reduce #3 (rank 2's last call: \
+             all_reduce #2, done); ranks 0, 1 wait for it"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("all_reduce #3"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_job_that_succeeds_leaves_no_dumps() {
+    let out = run(&["-n", "2", "sh", "-c", "echo \"DIR $OXCCL_TRACE_DIR\""]);
+    assert!(out.status.success(), "{out:?}");
+    let dirs: BTreeSet<String> = lines(&out.stdout)
+        .iter()
+        .filter_map(|l| l.split_once("DIR ").map(|(_, d)| d.to_owned()))
+        .collect();
+    assert_eq!(dirs.len(), 1, "one trace directory per job: {dirs:?}");
+    let d = dirs.into_iter().next().unwrap();
+    assert!(!d.is_empty() && !std::path::Path::new(&d).exists(), "{d}");
+}

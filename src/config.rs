@@ -239,7 +239,7 @@ impl Config {
         c.trace_dir = get("OXCCL_TRACE_DIR")
             .filter(|v| !v.trim().is_empty())
             .map(PathBuf::from);
-        if let Some(v) = get("OXCCL_TRACE_SIGNAL") {
+        if let Some(v) = get("OXCCL_TRACE_SIGNAL").filter(|v| !v.trim().is_empty()) {
             c.trace_signal = match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "on" | "true" | "yes" => true,
                 "0" | "off" | "false" | "no" => false,
@@ -559,6 +559,16 @@ mod tests {
         assert!(!c.transports.allows("shm") && c.transports.allows("tcp"));
         assert_eq!(c.slice_bytes, 65536);
         assert_eq!(Config::from_vars(vars(&[])).unwrap(), Config::default());
+        let c = Config::from_vars(vars(&[
+            ("OXCCL_TRACE_ENTRIES", "0"),
+            ("OXCCL_TRACE_DIR", "/tmp/x"),
+            ("OXCCL_TRACE_SIGNAL", "off"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.trace_entries, c.trace_dir.as_deref(), c.trace_signal),
+            (0, Some(std::path::Path::new("/tmp/x")), false)
+        );
     }
 
     #[test]
@@ -573,6 +583,10 @@ mod tests {
             ("OXCCL_TIMEOUT", "NaN"),
             ("OXCCL_TIMEOUT", "inf"),
             ("OXCCL_ALGO", "bogus"),
+            ("OXCCL_TRACE_ENTRIES", "1048577"),
+            ("OXCCL_TRACE_ENTRIES", "-1"),
+            ("OXCCL_TRACE_ENTRIES", "many"),
+            ("OXCCL_TRACE_SIGNAL", "maybe"),
             ("OXCCL_TRANSPORTS", "carrier-pigeon"),
             ("OXCCL_TRANSPORTS", "^loopback,shm,rdma,tcp"),
             ("OXCCL_TRANSPORTS", "shm,tcp,shm"),

@@ -164,8 +164,7 @@ impl TraceDir {
         while std::time::Instant::now() < until {
             let fresh = |r: usize| {
                 dumps.iter().any(|t| {
-                    t.rank == r
-                        && u128::from(t.start_unix_ns) + u128::from(t.dumped_ns) >= asked
+                    t.rank == r && u128::from(t.start_unix_ns) + u128::from(t.dumped_ns) >= asked
                 })
             };
             if running.iter().all(|&(r, _)| fresh(r)) {

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
 /// Every variable `Config::from_vars` reads.
-const VARS: [&str; 12] = [
+const VARS: [&str; 15] = [
     "OXCCL_TIMEOUT",
     "OXCCL_ALGO",
     "OXCCL_TRANSPORTS",
@@ -26,6 +26,9 @@ const VARS: [&str; 12] = [
     "OXCCL_DIRECT_COPY_MIN",
     "OXCCL_AREA_WAY",
     "OXCCL_TUNE",
+    "OXCCL_TRACE_ENTRIES",
+    "OXCCL_TRACE_DIR",
+    "OXCCL_TRACE_SIGNAL",
 ];
 
 /// Longer than anything here should take: past it, the call hangs.
@@ -302,6 +305,13 @@ fn valid(var: &'static str) -> BoxedStrategy<String> {
         "OXCCL_AREA_WAY" => strings(&["one-shot", "TWO-SHOT", " direct ", "staged", ""]),
         // `calibrate` is left to tests/tuner.rs: each case would calibrate for a second.
         "OXCCL_TUNE" => strings(&["defaults", "cache", " Cache ", ""]),
+        "OXCCL_TRACE_ENTRIES" => prop_oneof![
+            (0usize..=oxccl::trace::MAX_ENTRIES).prop_map(|n| n.to_string()),
+            strings(&["0", "2000", " 16 "]),
+        ]
+        .boxed(),
+        "OXCCL_TRACE_DIR" => strings(&["", "/tmp/oxccl-trace-config-test"]),
+        "OXCCL_TRACE_SIGNAL" => strings(&["0", "1", "off", " ON ", "no", ""]),
         _ => unreachable!("{var}"),
     }
 }
@@ -355,6 +365,12 @@ fn invalid(var: &'static str) -> BoxedStrategy<String> {
         "OXCCL_DIRECT_COPY_MIN" => strings(numbers),
         "OXCCL_AREA_WAY" => strings(&["fast", "one_shot", "ring", "shm direct"]),
         "OXCCL_TUNE" => strings(&["yes", "calibrated", "0", "off"]),
+        "OXCCL_TRACE_ENTRIES" => prop_oneof![
+            (oxccl::trace::MAX_ENTRIES + 1..).prop_map(|n| n.to_string()),
+            strings(numbers),
+        ]
+        .boxed(),
+        "OXCCL_TRACE_SIGNAL" => strings(&["maybe", "2", "-", "offf"]),
         // Any interface list is accepted (a list that matches nothing fails at creation).
         _ => unreachable!("{var}"),
     }
@@ -380,7 +396,8 @@ fn environment(with_bad: bool) -> impl Strategy<Value = Vec<(&'static str, Kind,
                 return prop_oneof![1 => absent, 2 => valid].boxed();
             }
             let arbitrary = arbitrary().prop_map(move |v| (var, Kind::Arbitrary, Some(v)));
-            if var == "OXCCL_SOCKET_IFNAME" {
+            // Any interface list and any directory are accepted.
+            if var == "OXCCL_SOCKET_IFNAME" || var == "OXCCL_TRACE_DIR" {
                 return prop_oneof![3 => absent, 3 => valid, 2 => arbitrary].boxed();
             }
             let invalid = invalid(var).prop_map(move |v| (var, Kind::Invalid, Some(v)));

@@ -86,6 +86,10 @@ typedef enum {
 /* ncclCommSplit's color for ranks that join no new communicator. */
 #define NCCL_SPLIT_NOCOLOR (-1)
 
+/* ncclCommShrink's flags: wait for comm's earlier operations, or abort them first. */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+
 /* The "not set" values of ncclConfig_t's fields. */
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
@@ -183,6 +187,11 @@ OXCCL_NCCL_API(ncclResult_t, ncclCommInitRankScalable, (ncclComm_t *newcomm, int
  * NCCL_SPLIT_NOCOLOR gets NULL. */
 OXCCL_NCCL_API(ncclResult_t, ncclCommSplit, (ncclComm_t comm, int color, int key,
     ncclComm_t *newcomm, ncclConfig_t *config));
+
+/* The ranks not excluded form a new communicator in the same order, also after comm failed
+ * (a peer died): every rank not excluded calls it with the same list. */
+OXCCL_NCCL_API(ncclResult_t, ncclCommShrink, (ncclComm_t comm, int *excludeRanksList,
+    int excludeRanksCount, ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags));
 
 OXCCL_NCCL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm));
 

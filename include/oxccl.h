@@ -52,6 +52,12 @@
 // The `color` of `oxcclCommSplit` for a rank that joins no new communicator.
 #define OXCCL_SPLIT_NOCOLOR -1
 
+// `oxcclCommShrink`'s flags: wait for the communicator's earlier operations.
+#define OXCCL_SHRINK_DEFAULT 0
+
+// `oxcclCommShrink`'s flags: abort the communicator's earlier operations first.
+#define OXCCL_SHRINK_ABORT 1
+
 
 
 // `oxcclConfig_t.magic` as `OXCCL_CONFIG_INITIALIZER` sets it (NCCL's value).
@@ -379,6 +385,28 @@ oxcclResult_t oxcclCommSplit(oxcclComm_t comm,
                              int key,
                              oxcclComm_t *newcomm,
                              struct oxcclConfig_t *config);
+
+// Shrinks `comm` (nccl.h's `ncclCommShrink`, NCCL 2.27): the ranks not in
+// `excludeRanksList` (`excludeRanksCount` ranks of `comm`) form a new communicator, in the
+// same order, whose handle goes to `*newcomm` — also, and above all, when `comm` failed
+// because a peer died (`oxcclRemoteError`): the survivors go on without a restart. Every rank
+// not excluded calls it with the same list. `shrinkFlags`: `OXCCL_SHRINK_DEFAULT` (0) first
+// waits for `comm`'s earlier operations (their failures do not stop the shrink);
+// `OXCCL_SHRINK_ABORT` (1) aborts them first. `config` may be NULL (the new communicator
+// blocks as `comm` does). The ranks meet through `comm`'s store, which must outlive the
+// excluded ranks.
+//
+// # Safety
+//
+// `excludeRanksList` is readable for `excludeRanksCount` ints (may be NULL when that is 0);
+// `newcomm` is NULL (an error) or valid for writing one `oxcclComm_t`; `config` is NULL or
+// readable for its `size` bytes.
+oxcclResult_t oxcclCommShrink(oxcclComm_t comm,
+                              int *excludeRanksList,
+                              int excludeRanksCount,
+                              oxcclComm_t *newcomm,
+                              struct oxcclConfig_t *config,
+                              int shrinkFlags);
 
 // Finishes `comm`'s operations (nccl.h's `ncclCommFinalize`): afterwards it takes no new
 // ones, and `oxcclCommDestroy` frees it. Blocking communicators return when every operation

@@ -35,6 +35,13 @@ pub struct Config {
     /// Deadline of every wait: a collective, a connection, a store lookup (`OXCCL_TIMEOUT`,
     /// seconds; default 300; from [`Config::MIN_TIMEOUT`] to [`Config::MAX_TIMEOUT`]).
     pub timeout: Duration,
+    /// How long a peer may stay silent before it is declared failed (`OXCCL_HEARTBEAT`,
+    /// seconds; default 2; `0` or `off`: no heartbeats; from [`Config::MIN_HEARTBEAT`] to
+    /// [`Config::MAX_TIMEOUT`]). Every rank's process sends small authenticated datagrams to
+    /// its neighbours five times per period from a thread of its own, so a peer that vanished,
+    /// hangs in the kernel or was stopped fails the others' running call — or their next one,
+    /// when idle — with [`crate::Error::PeerFailed`] naming it, within this bound.
+    pub heartbeat: Option<Duration>,
     /// Forces an algorithm where it applies (`OXCCL_ALGO`: ring, tree, hd, direct, hierarchical).
     pub algorithm: Option<Algorithm>,
     /// Which transports may be used, in preference order (`OXCCL_TRANSPORTS`): at least one,
@@ -103,6 +110,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             timeout: Duration::from_secs(300),
+            heartbeat: Some(Self::DEFAULT_HEARTBEAT),
             algorithm: None,
             transports: TransportFilter::default(),
             socket_ifname: None,
@@ -130,6 +138,10 @@ impl Config {
     /// [`Config::direct_max`] when only [`Config::direct_min`] is set.
     pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
 
+    /// Default of [`Config::heartbeat`].
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
+    /// Shortest [`Config::heartbeat`].
+    pub const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
     /// The shortest [`Config::timeout`].
     pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
     /// The longest [`Config::timeout`]: one year (31 536 000 s). Deadlines are computed as
@@ -168,6 +180,20 @@ impl Config {
             // here; the range itself is checked by `validate`.
             c.timeout =
                 Duration::try_from_secs_f64(secs).map_err(|_| bad("OXCCL_TIMEOUT", &v, why))?;
+        }
+        if let Some(v) = get("OXCCL_HEARTBEAT").filter(|v| !v.trim().is_empty()) {
+            let why = "not a number of seconds from 0.1 to 31536000, or 0/off";
+            if v.trim().eq_ignore_ascii_case("off") {
+                c.heartbeat = None;
+            } else {
+                let secs: f64 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("OXCCL_HEARTBEAT", &v, why))?;
+                let d = Duration::try_from_secs_f64(secs)
+                    .map_err(|_| bad("OXCCL_HEARTBEAT", &v, why))?;
+                c.heartbeat = (!d.is_zero()).then_some(d);
+            }
         }
         if let Some(v) = get("OXCCL_ALGO").filter(|v| !v.trim().is_empty()) {
             c.algorithm = Some(
@@ -270,6 +296,16 @@ impl Config {
                 "must be from 1 ms to 31536000 s (one year), so that no deadline overflows".into(),
             ));
         }
+        if let Some(h) = self.heartbeat
+            && !(Self::MIN_HEARTBEAT..=Self::MAX_TIMEOUT).contains(&h)
+        {
+            return Err(bad(
+                "heartbeat",
+                "OXCCL_HEARTBEAT",
+                &h,
+                "must be from 0.1 s to 31536000 s, or off".into(),
+            ));
+        }
         if !(Self::MIN_SLICE_BYTES..=Self::MAX_SLICE_BYTES).contains(&self.slice_bytes) {
             return Err(bad(
                 "slice_bytes",
@@ -346,6 +382,11 @@ impl Config {
     /// With [`Config::area_way`] set.
     pub fn area_way(self, area_way: Option<Way>) -> Config {
         Config { area_way, ..self }
+    }
+
+    /// With [`Config::heartbeat`] set (`None`: no heartbeats).
+    pub fn heartbeat(self, heartbeat: Option<Duration>) -> Config {
+        Config { heartbeat, ..self }
     }
 
     /// With [`Config::trace_entries`] set.
@@ -565,6 +606,11 @@ mod tests {
             ("OXCCL_TRACE_SIGNAL", "off"),
         ]))
         .unwrap();
+        assert_eq!(c.heartbeat, Some(Config::DEFAULT_HEARTBEAT));
+        for (v, want) in [("0", None), ("off", None), ("0.5", Some(500))] {
+            let c = Config::from_vars(vars(&[("OXCCL_HEARTBEAT", v)])).unwrap();
+            assert_eq!(c.heartbeat, want.map(Duration::from_millis), "{v}");
+        }
         assert_eq!(
             (c.trace_entries, c.trace_dir.as_deref(), c.trace_signal),
             (0, Some(std::path::Path::new("/tmp/x")), false)
@@ -587,6 +633,9 @@ mod tests {
             ("OXCCL_TRACE_ENTRIES", "-1"),
             ("OXCCL_TRACE_ENTRIES", "many"),
             ("OXCCL_TRACE_SIGNAL", "maybe"),
+            ("OXCCL_HEARTBEAT", "0.05"),
+            ("OXCCL_HEARTBEAT", "-1"),
+            ("OXCCL_HEARTBEAT", "soon"),
             ("OXCCL_TRANSPORTS", "carrier-pigeon"),
             ("OXCCL_TRANSPORTS", "^loopback,shm,rdma,tcp"),
             ("OXCCL_TRANSPORTS", "shm,tcp,shm"),

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
 /// Every variable `Config::from_vars` reads.
-const VARS: [&str; 15] = [
+const VARS: [&str; 16] = [
     "OXCCL_TIMEOUT",
     "OXCCL_ALGO",
     "OXCCL_TRANSPORTS",
@@ -29,6 +29,7 @@ const VARS: [&str; 15] = [
     "OXCCL_TRACE_ENTRIES",
     "OXCCL_TRACE_DIR",
     "OXCCL_TRACE_SIGNAL",
+    "OXCCL_HEARTBEAT",
 ];
 
 /// Longer than anything here should take: past it, the call hangs.
@@ -312,6 +313,11 @@ fn valid(var: &'static str) -> BoxedStrategy<String> {
         .boxed(),
         "OXCCL_TRACE_DIR" => strings(&["", "/tmp/oxccl-trace-config-test"]),
         "OXCCL_TRACE_SIGNAL" => strings(&["0", "1", "off", " ON ", "no", ""]),
+        "OXCCL_HEARTBEAT" => prop_oneof![
+            (0.1f64..100.0).prop_map(|s| s.to_string()),
+            strings(&["0", "off", " OFF ", "2", ""]),
+        ]
+        .boxed(),
         _ => unreachable!("{var}"),
     }
 }
@@ -371,6 +377,7 @@ fn invalid(var: &'static str) -> BoxedStrategy<String> {
         ]
         .boxed(),
         "OXCCL_TRACE_SIGNAL" => strings(&["maybe", "2", "-", "offf"]),
+        "OXCCL_HEARTBEAT" => strings(&["0.01", "-1", "nan", "inf", "1e20", "soon", "2s"]),
         // Any interface list is accepted (a list that matches nothing fails at creation).
         _ => unreachable!("{var}"),
     }

@@ -296,3 +296,44 @@ fn a_killed_rank_fails_the_others_promptly() {
     }
     let _ = ranks[1].child.wait();
 }
+
+#[test]
+fn survivors_shrink_and_go_on_without_a_killed_rank() {
+    // 1 Mi floats per all-reduce, so the kill lands mid-collective.
+    let (_store, mut ranks) = procs::launch(4, "fault_worker", &["1048576", "100000"], |_| {
+        vec![("FAULT_WORKER_SHRINK", "100".to_string())]
+    });
+    for (r, rank) in ranks.iter().enumerate() {
+        let mut iters = 0;
+        while iters < 2 {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not start"));
+            iters += usize::from(line.starts_with("iter"));
+        }
+    }
+    ranks[2].child.kill().expect("kill rank 2");
+    let _ = ranks[2].child.wait();
+    for (r, rank) in ranks.iter_mut().enumerate().filter(|(r, _)| *r != 2) {
+        let mut lines = Vec::new();
+        let status = rank.child.wait().expect("wait");
+        while let Ok(l) = rank.lines.recv_timeout(Duration::from_secs(5)) {
+            lines.push(l);
+        }
+        let text = lines.join("\n");
+        assert!(status.success(), "rank {r}: {status:?}\n{text}");
+        let shrunk = lines
+            .iter()
+            .find(|l| l.starts_with("shrunk"))
+            .unwrap_or_else(|| panic!("rank {r}: {text}"));
+        assert!(
+            shrunk.starts_with("shrunk to 3 ranks without 2 in "),
+            "{shrunk}"
+        );
+        let ms: u64 = shrunk.split_whitespace().nth(7).unwrap().parse().unwrap();
+        assert!(ms < 1000, "rank {r} took {ms} ms to shrink");
+        eprintln!("rank {r}: {shrunk}");
+        assert!(lines.iter().any(|l| l == "checked 100"), "rank {r}: {text}");
+    }
+}

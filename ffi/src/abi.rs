@@ -135,6 +135,10 @@ pub const oxcclScalarHostImmediate: oxcclScalarResidence_t = 1;
 
 /// The `color` of `oxcclCommSplit` for a rank that joins no new communicator.
 pub const OXCCL_SPLIT_NOCOLOR: c_int = -1;
+/// `oxcclCommShrink`'s flags: wait for the communicator's earlier operations.
+pub const OXCCL_SHRINK_DEFAULT: c_int = 0;
+/// `oxcclCommShrink`'s flags: abort the communicator's earlier operations first.
+pub const OXCCL_SHRINK_ABORT: c_int = 1;
 /// An `int` field of `oxcclConfig_t` left to the library (`INT_MIN`).
 pub const OXCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 /// `oxcclConfig_t.magic` as `OXCCL_CONFIG_INITIALIZER` sets it (NCCL's value).

@@ -398,6 +398,98 @@ pub unsafe extern "C" fn oxcclCommSplit(
     })
 }
 
+/// Shrinks `comm` (nccl.h's `ncclCommShrink`, NCCL 2.27): the ranks not in
+/// `excludeRanksList` (`excludeRanksCount` ranks of `comm`) form a new communicator, in the
+/// same order, whose handle goes to `*newcomm` — also, and above all, when `comm` failed
+/// because a peer died (`oxcclRemoteError`): the survivors go on without a restart. Every rank
+/// not excluded calls it with the same list. `shrinkFlags`: `OXCCL_SHRINK_DEFAULT` (0) first
+/// waits for `comm`'s earlier operations (their failures do not stop the shrink);
+/// `OXCCL_SHRINK_ABORT` (1) aborts them first. `config` may be NULL (the new communicator
+/// blocks as `comm` does). The ranks meet through `comm`'s store, which must outlive the
+/// excluded ranks.
+///
+/// # Safety
+///
+/// `excludeRanksList` is readable for `excludeRanksCount` ints (may be NULL when that is 0);
+/// `newcomm` is NULL (an error) or valid for writing one `oxcclComm_t`; `config` is NULL or
+/// readable for its `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommShrink(
+    comm: oxcclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut oxcclComm_t,
+    config: *mut oxcclConfig_t,
+    shrinkFlags: c_int,
+) -> oxcclResult_t {
+    guard("oxcclCommShrink", || {
+        let parent = handles::get(comm, "comm")?;
+        non_null(newcomm, "newcomm")?;
+        let size = parent.comm()?.size();
+        let count = usize::try_from(excludeRanksCount)
+            .ok()
+            .filter(|&n| n < size)
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "excludeRanksCount: {excludeRanksCount} is not from 0 to {} (comm has {size} \
+                     ranks, and one must remain)",
+                    size - 1
+                ))
+            })?;
+        let list: Vec<usize> = if count == 0 {
+            Vec::new()
+        } else {
+            non_null(excludeRanksList, "excludeRanksList")?;
+            // SAFETY: checked non-null; the caller guarantees `count` readable ints.
+            let raw = unsafe { std::slice::from_raw_parts(excludeRanksList, count) };
+            raw.iter()
+                .map(|&r| {
+                    usize::try_from(r)
+                        .ok()
+                        .filter(|&r| r < size)
+                        .ok_or_else(|| {
+                            Failure::invalid(format!(
+                                "excludeRanksList: {r} is not a rank of comm (0 to {})",
+                                size - 1
+                            ))
+                        })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let abort = match shrinkFlags {
+            OXCCL_SHRINK_DEFAULT => false,
+            OXCCL_SHRINK_ABORT => true,
+            f => {
+                return Err(Failure::invalid(format!(
+                    "shrinkFlags: {f} is neither OXCCL_SHRINK_DEFAULT (0) nor OXCCL_SHRINK_ABORT (1)"
+                )));
+            }
+        };
+        let blocking = if config.is_null() {
+            parent.blocking
+        } else {
+            // SAFETY: the caller's contract for `config`.
+            unsafe { blocking(config) }?
+        };
+        let make = Box::new(move || {
+            if abort {
+                parent.comm()?.abort();
+            }
+            // What failed is why we shrink: earlier operations only have to be over.
+            let _ = parent.drain();
+            Ok(Some(parent.comm()?.shrink(&list)?))
+        });
+        // SAFETY: `newcomm` was checked above; the caller guarantees it is writable.
+        unsafe {
+            create(Creation {
+                out: newcomm,
+                blocking,
+                make,
+            })
+        }
+    })
+}
+
 /// Finishes `comm`'s operations (nccl.h's `ncclCommFinalize`): afterwards it takes no new
 /// ones, and `oxcclCommDestroy` frees it. Blocking communicators return when every operation
 /// is done, with the first failure among them; non-blocking ones return `oxcclInProgress`

@@ -40,6 +40,10 @@ forward! {
     /// nccl.h's `ncclCommSplit`.
     fn ncclCommSplit / pncclCommSplit(comm: oxcclComm_t, color: c_int, key: c_int,
         newcomm: *mut oxcclComm_t, config: *mut oxcclConfig_t) -> oxcclResult_t = oxcclCommSplit;
+    /// nccl.h's `ncclCommShrink` (NCCL 2.27).
+    fn ncclCommShrink / pncclCommShrink(comm: oxcclComm_t, excludeRanksList: *mut c_int,
+        excludeRanksCount: c_int, newcomm: *mut oxcclComm_t, config: *mut oxcclConfig_t,
+        shrinkFlags: c_int) -> oxcclResult_t = oxcclCommShrink;
     /// nccl.h's `ncclCommFinalize`.
     fn ncclCommFinalize / pncclCommFinalize(comm: oxcclComm_t) -> oxcclResult_t = oxcclCommFinalize;
     /// nccl.h's `ncclCommDestroy`.

@@ -13,6 +13,7 @@
 
 mod api;
 mod group;
+mod liveness;
 mod raw;
 mod setup;
 mod tuning;
@@ -76,6 +77,9 @@ pub(crate) struct Inner {
     link_names: Vec<Option<&'static str>>,
     /// The flight recorder (the engine holds it too).
     pub(crate) trace: Arc<Recorder>,
+    /// The heartbeat watch (none between threads of one process, or when turned off); dropped
+    /// with the communicator, saying goodbye to the neighbours.
+    _liveness: Option<liveness::Liveness>,
 }
 
 /// Everything that changes per call, under one lock.
@@ -87,6 +91,8 @@ struct State {
     groups: Vec<u64>,
     /// Number of splits so far (names the children's store namespaces).
     splits: u64,
+    /// Number of shrinks so far (the same).
+    shrinks: u64,
     /// Recently used schedules: the same call is planned once.
     cache: HashMap<(Plan, Choice), Arc<Compiled>>,
     /// What the tuner prices the ways through the group area with: the same on every rank
@@ -342,6 +348,58 @@ impl Communicator {
             })?;
         let boot = self.inner.boot.child(&format!("split{split}/color{color}"));
         setup::init(boot, rank, members.len(), self.inner.config.clone()).map(Some)
+    }
+
+    /// A communicator of this one's ranks without those in `exclude` (NCCL's
+    /// `ncclCommShrink`): what a job does to go on after [`Error::PeerFailed`] without a
+    /// restart. Every rank not excluded calls it with the same list (in any order), on this
+    /// communicator whether it failed or not; the survivors keep their order (a rank's new
+    /// number is its position among them). It meets the others through the store, not the
+    /// links, so the store must outlive the excluded ranks (oxrun's, torchrun's agent store,
+    /// or the process that made the [`UniqueId`] — not a store hosted by an excluded rank).
+    /// Ranks whose lists differ never meet (each list is its own namespace): they time out.
+    pub fn shrink(&self, exclude: &[Rank]) -> Result<Communicator> {
+        let me = self.rank();
+        let mut ex = exclude.to_vec();
+        ex.sort_unstable();
+        ex.dedup();
+        if let Some(&bad) = ex.iter().find(|&&r| r >= self.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me}: shrink: rank {bad} is not a rank of this communicator of {} ranks",
+                self.size()
+            )));
+        }
+        if ex.contains(&me) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me}: shrink: this rank is in the exclude list (excluded ranks do not call \
+                 shrink)"
+            )));
+        }
+        let survivors: Vec<Rank> = (0..self.size()).filter(|r| !ex.contains(r)).collect();
+        let rank = survivors.iter().position(|&r| r == me).unwrap_or(0);
+        let n = {
+            let mut st = self.inner.lock();
+            st.shrinks += 1;
+            st.shrinks
+        };
+        let list: String = if ex.len() <= 16 {
+            ex.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            for r in &ex {
+                h.update((*r as u64).to_le_bytes());
+            }
+            h.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        let boot = self.inner.boot.child(&format!("shrink{n}/without{list}"));
+        setup::init(boot, rank, survivors.len(), self.inner.config.clone())
     }
 
     /// Runs `plan` over raw memory and waits for it: the one path every blocking collective

@@ -12,6 +12,7 @@ use oxccl_transport::{Link, PeerInfo, Transport};
 use oxccl_transport_shm::{AreaSet, ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
+use super::liveness::{self, Liveness};
 use super::{Background, Communicator, Inner, State, tuning};
 use crate::algo::Hosts;
 use crate::bootstrap::{PrefixStore, Store, StoreServer, iface};
@@ -89,6 +90,29 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             .map_err(|e| transport_error(rank, format!("listen on {}", t.name()), e))?;
         endpoints.push((t.name().to_string(), e));
     }
+    // Heartbeats, except between threads of one process (which cannot vanish apart): on the
+    // address the TCP transport publishes, else loopback (every peer is on this host).
+    let heartbeat = match (config.heartbeat, &boot.hub) {
+        (Some(period), None) => {
+            let ip = endpoints
+                .iter()
+                .find(|e| e.0 == "tcp")
+                .and_then(|e| oxccl_transport_tcp::decode_endpoint(&e.1))
+                .map(|a| a.ip())
+                .filter(|ip| !ip.is_unspecified())
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            let io = |what: String| move |source| Error::Io { what, source };
+            let socket = liveness::bind(ip).map_err(io(format!(
+                "rank {rank}: bind the heartbeat socket on {ip}"
+            )))?;
+            let addr = socket
+                .local_addr()
+                .map_err(io(format!("rank {rank}: the heartbeat socket's address")))?;
+            endpoints.push(("hb".into(), liveness::endpoint(addr, period)));
+            Some((socket, period))
+        }
+        _ => None,
+    };
     let me = PeerInfo {
         rank,
         host,
@@ -172,6 +196,28 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     // The group area serves when every peer is reached over shared memory.
     let area = group.map(|a| AreaPath::new(a, rank, everyone_direct));
     let flags = Arc::new(Flags::new());
+    let liveness = match heartbeat {
+        Some((socket, period)) => {
+            let peers: Vec<(Rank, SocketAddr, std::time::Duration)> =
+                liveness::neighbours(rank, size)
+                    .into_iter()
+                    .filter_map(|p| {
+                        let (a, d) = infos[p].endpoint("hb").and_then(liveness::parse_endpoint)?;
+                        Some((p, a, d))
+                    })
+                    .collect();
+            let beat = peers.iter().map(|p| p.2).fold(period, std::cmp::min);
+            let seal = liveness::Seal::new(boot.secret.as_bytes(), liveness::tag(&boot.prefix));
+            let peers = peers.into_iter().map(|(p, a, _)| (p, a)).collect();
+            let l = Liveness::start(rank, socket, peers, (period, beat), seal, flags.clone())
+                .map_err(|e| Error::Io {
+                    what: format!("rank {rank}: start the heartbeat thread"),
+                    source: e,
+                })?;
+            Some(l)
+        }
+        None => None,
+    };
     let engine = Engine::new(rank, links, config.timeout, flags.clone());
     let slice_bytes = config.slice_bytes.min(engine.max_message());
     let hosts = Hosts::from_labels(&topo.hosts);
@@ -220,6 +266,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 collectives: 0,
                 groups: vec![0; size],
                 splits: 0,
+                shrinks: 0,
                 cache: Default::default(),
                 costs,
                 logged: Default::default(),
@@ -231,6 +278,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             means,
             link_names,
             trace,
+            _liveness: liveness,
         }),
     };
     tuning::finish(comm, calibrate)

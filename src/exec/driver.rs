@@ -106,7 +106,7 @@ pub struct Engine {
     pub(super) polled: Vec<Completion>,
     broken: Option<String>,
     timeout: Duration,
-    flags: Arc<Flags>,
+    pub(super) flags: Arc<Flags>,
     passes: u64,
     /// Reused list of what to wait on when blocking.
     readiness: Vec<oxccl_transport::Readiness>,
@@ -309,6 +309,22 @@ impl Engine {
             self.fail(None, why.clone(), Some((self.rank, why)));
             return true;
         }
+        if self.broken.is_none()
+            && let Some((peer, cause)) = self.flags.lost()
+        {
+            let op = match (&self.running, self.queue.front()) {
+                (Some(r), _) => r.op.name.to_string(),
+                (None, Some(op)) => op.name.to_string(),
+                (None, None) => return false,
+            };
+            self.fail_with(Error::PeerFailed {
+                rank: self.rank,
+                peer,
+                op,
+                cause,
+            });
+            return true;
+        }
         let mut moved = false;
         if self.running.is_none() {
             let Some(op) = self.queue.pop_front() else {
@@ -436,6 +452,7 @@ impl Engine {
             .iter()
             .enumerate()
             .find_map(|(p, w)| w.clone().map(|w| (p, w)))
+            .or_else(|| self.flags.lost())
     }
 
     /// Acts on `abort()` now, from the aborting thread when nobody drives: fails what is
@@ -939,6 +956,13 @@ impl Engine {
         }
         if let Some(e) = &error {
             self.recorder.failed(e);
+        }
+        let mut error = error;
+        if self.running.is_none()
+            && let Some(e) = error.take()
+            && let Some(op) = self.queue.pop_front()
+        {
+            op.settle(&self.recorder, Err(e));
         }
         if let Some(r) = self.running.take() {
             let e = error.unwrap_or_else(|| Error::Aborted {

@@ -2,7 +2,10 @@
 //! peers were told of a failure, and the eventfd that wakes a driver blocked in `poll(2)`.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::types::Rank;
 
 /// Abort flag and the waker that interrupts a blocked driver; shared with `abort()`.
 #[derive(Debug)]
@@ -10,6 +13,10 @@ pub struct Flags {
     aborted: AtomicBool,
     /// Peers were sent this rank's failure notice.
     told: AtomicBool,
+    /// A peer the liveness watch declared failed, plus one (0: none).
+    lost: AtomicUsize,
+    /// Why it was declared failed.
+    lost_why: Mutex<String>,
     waker: Option<OwnedFd>,
 }
 
@@ -25,6 +32,8 @@ impl Flags {
         Flags {
             aborted: AtomicBool::new(false),
             told: AtomicBool::new(false),
+            lost: AtomicUsize::new(0),
+            lost_why: Mutex::new(String::new()),
             waker,
         }
     }
@@ -34,6 +43,38 @@ impl Flags {
         self.aborted.store(true, Ordering::Release);
         if let Some(w) = &self.waker {
             let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Declares `peer` failed (`why`: what was seen) and wakes a blocked driver; the engine
+    /// fails the running call, or the next one, with `PeerFailed` naming it. The first
+    /// declaration stands.
+    pub fn lose(&self, peer: Rank, why: String) {
+        {
+            let mut w = self.lost_why.lock().unwrap_or_else(|p| p.into_inner());
+            if self.lost.load(Ordering::Acquire) != 0 {
+                return;
+            }
+            *w = why;
+            self.lost.store(peer + 1, Ordering::Release);
+        }
+        if let Some(w) = &self.waker {
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// The peer declared failed, and why.
+    #[inline]
+    pub fn lost(&self) -> Option<(Rank, String)> {
+        match self.lost.load(Ordering::Acquire) {
+            0 => None,
+            p => Some((
+                p - 1,
+                self.lost_why
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+            )),
         }
     }
 

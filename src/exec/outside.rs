@@ -29,8 +29,13 @@ impl Engine {
         ours: &Descriptor,
         settled: &mut dyn FnMut() -> bool,
     ) -> Result<()> {
-        let mut found: Option<Error> = None;
-        for peer in 0..self.links.len() {
+        let mut found: Option<Error> = self.flags.lost().map(|(peer, cause)| Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op: name.to_string(),
+            cause,
+        });
+        for peer in (0..self.links.len()).take_while(|_| found.is_none()) {
             let Some(link) = self.links[peer].as_mut() else {
                 continue;
             };

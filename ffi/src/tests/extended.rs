@@ -748,3 +748,75 @@ fn float8_reduces_in_f32_and_rounds_to_nearest_even() {
     });
     destroy(comms);
 }
+
+#[test]
+fn survivors_shrink_a_failed_communicator_and_go_on() {
+    let n = 4;
+    let comms = init_all(n);
+    // Rank 2 fails (aborts, as a dying rank's peers see it); the others' next call fails.
+    ok(oxcclCommAbort(comms[2].get()));
+    on_each(&comms, |r, c| {
+        if r == 2 {
+            return;
+        }
+        let mut x = [1i32; 3];
+        let p = void_mut(&mut x);
+        // SAFETY: `x` holds 3 ints.
+        let failed = unsafe { oxcclAllReduce(p, p, 3, oxcclInt32, oxcclSum, c, null_mut()) };
+        assert_eq!(failed, oxcclRemoteError, "rank {r}: {}", last());
+        let mut exclude = [2 as c_int];
+        let mut child = null_mut();
+        // SAFETY: `exclude` holds 1 int; `child` is writable; config NULL.
+        ok(unsafe {
+            oxcclCommShrink(
+                c,
+                exclude.as_mut_ptr(),
+                1,
+                &mut child,
+                null_mut(),
+                OXCCL_SHRINK_DEFAULT,
+            )
+        });
+        let (mut rank, mut count) = (-1, -1);
+        // SAFETY: both writable.
+        unsafe {
+            ok(oxcclCommUserRank(child, &mut rank));
+            ok(oxcclCommCount(child, &mut count));
+        }
+        assert_eq!((rank, count), ([0, 1, -1, 2][r], 3), "rank {r}");
+        let mut y = [rank + 1; 5];
+        let q = void_mut(&mut y);
+        // SAFETY: `y` holds 5 ints.
+        ok(unsafe { oxcclAllReduce(q, q, 5, oxcclInt32, oxcclSum, child, null_mut()) });
+        assert_eq!(y, [6; 5], "rank {r}");
+        ok(oxcclCommDestroy(child));
+    });
+    let c = comms[0].get();
+    let mut child = null_mut();
+    let mut bad = [9 as c_int];
+    let cases: [(*mut c_int, c_int, c_int, &str); 5] = [
+        (bad.as_mut_ptr(), -1, 0, "excludeRanksCount"),
+        (bad.as_mut_ptr(), 4, 0, "excludeRanksCount"),
+        (bad.as_mut_ptr(), 1, 0, "excludeRanksList: 9"),
+        (null_mut(), 1, 0, "excludeRanksList"),
+        (null_mut(), 0, 7, "shrinkFlags"),
+    ];
+    for (list, count, flags, words) in cases {
+        // SAFETY: `list` is NULL or holds 1 int, and every case with count > 1 is refused
+        // before reading it; `child` is writable.
+        fails(
+            unsafe { oxcclCommShrink(c, list, count, &mut child, null_mut(), flags) },
+            oxcclInvalidArgument,
+            words,
+        );
+    }
+    // Abort freed rank 2's handle (as ncclCommAbort does).
+    destroy(
+        comms
+            .into_iter()
+            .enumerate()
+            .filter(|(r, _)| *r != 2)
+            .map(|(_, c)| c)
+            .collect(),
+    );
+}

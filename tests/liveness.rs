@@ -1,0 +1,227 @@
+//! Liveness: a rank whose process stops answering (SIGSTOP: the process and its heartbeat
+//! thread freeze, while its kernel still acknowledges TCP) fails the others within
+//! `OXCCL_HEARTBEAT` — during a collective over TCP and over shared memory, and at the next
+//! call of ranks that were idle — with `PeerFailed` naming it; ranks busy elsewhere for several
+//! periods are not declared failed.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+use util::procs;
+
+/// Starts `n` fault workers with the heartbeat `hb` and extra variables `env`.
+fn launch(
+    n: usize,
+    args: &[&str],
+    hb: &str,
+    env: &[(&'static str, &str)],
+) -> (oxccl::bootstrap::StoreServer, Vec<procs::Rank>) {
+    let hb = hb.to_string();
+    let env: Vec<(&'static str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    procs::launch(n, "fault_worker", args, move |_| {
+        let mut e = env.clone();
+        e.push(("OXCCL_HEARTBEAT", hb.clone()));
+        e
+    })
+}
+
+/// Waits until every rank printed `ready` and then `iter K` `iters` times.
+fn until_iterating(ranks: &[procs::Rank], iters: usize) {
+    for (r, rank) in ranks.iter().enumerate() {
+        let mut seen = 0;
+        while seen < iters {
+            let line = rank
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not start"));
+            assert!(!line.starts_with("error"), "rank {r}: {line}");
+            seen += usize::from(line.starts_with("iter"));
+        }
+    }
+}
+
+/// The first error line of `rank` and when it came, within `limit`.
+fn error_of(rank: &procs::Rank, r: usize, limit: Duration) -> (String, Instant) {
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let line = rank
+            .lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("rank {r} reported no error within {limit:?}"));
+        if line.starts_with("error") {
+            return (line, Instant::now());
+        }
+    }
+}
+
+fn pid(rank: &procs::Rank) -> Pid {
+    Pid::from_raw(rank.child.id() as i32).expect("pid")
+}
+
+/// SIGSTOPs rank 1 of 3 mid-run and checks that ranks 0 and 2 fail naming it within `bound`.
+fn stopped_rank_is_named(args: &[&str], env: &[(&'static str, &str)], bound: Duration) {
+    let (_store, mut ranks) = launch(3, args, "1", env);
+    until_iterating(&ranks, 2);
+    let stopped = Instant::now();
+    kill_process(pid(&ranks[1]), Signal::STOP).expect("SIGSTOP rank 1");
+    for r in [0, 2] {
+        let (line, at) = error_of(&ranks[r], r, Duration::from_secs(20));
+        let took = at - stopped;
+        assert!(
+            line.contains("PeerFailed") && line.contains("peer: 1") && line.contains("heartbeat"),
+            "rank {r}: {line}"
+        );
+        assert!(took < bound, "rank {r} noticed after {took:?}: {line}");
+        eprintln!("rank {r} noticed rank 1's stop after {took:?}");
+        assert_eq!(ranks[r].child.wait().expect("wait").code(), Some(2));
+    }
+    let _ = ranks[1].child.kill();
+    let _ = ranks[1].child.wait();
+}
+
+// The bound is OXCCL_HEARTBEAT (1 s) plus the time to see and report the failure; the ranks
+// share 2 cores with the rest of the test suite here.
+
+#[test]
+fn a_stopped_rank_fails_a_large_all_reduce_over_tcp() {
+    stopped_rank_is_named(
+        &["2097152", "1000000"],
+        &[("OXCCL_TRANSPORTS", "tcp")],
+        Duration::from_millis(1800),
+    );
+}
+
+#[test]
+fn a_stopped_rank_fails_small_all_reduces_over_shared_memory() {
+    stopped_rank_is_named(&["256", "100000000"], &[], Duration::from_millis(1800));
+}
+
+#[test]
+fn idle_ranks_learn_of_a_stopped_rank_at_their_next_call() {
+    let (_store, mut ranks) = launch(3, &["1024", "3"], "1", &[("FAULT_WORKER_PAUSE_MS", "3000")]);
+    until_iterating(&ranks, 1);
+    // Every rank now sleeps 3 s before its next call; rank 1 never wakes.
+    kill_process(pid(&ranks[1]), Signal::STOP).expect("SIGSTOP rank 1");
+    for r in [0, 2] {
+        let (line, _) = error_of(&ranks[r], r, Duration::from_secs(20));
+        assert!(
+            line.contains("PeerFailed") && line.contains("peer: 1") && line.contains("heartbeat"),
+            "rank {r}: {line}"
+        );
+        // "error after MS ms": since the last success — the 3 s pause, then a prompt failure.
+        let ms: u64 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("rank {r}: {line}"));
+        assert!(
+            (3000..3800).contains(&ms),
+            "rank {r} failed {ms} ms after: {line}"
+        );
+        assert_eq!(ranks[r].child.wait().expect("wait").code(), Some(2));
+    }
+    let _ = ranks[1].child.kill();
+    let _ = ranks[1].child.wait();
+}
+
+#[test]
+fn ranks_busy_elsewhere_for_several_periods_are_not_declared_failed() {
+    let (_store, mut ranks) = launch(
+        3,
+        &["1024", "3"],
+        "0.5",
+        &[("FAULT_WORKER_PAUSE_MS", "2000")],
+    );
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let status = rank.child.wait().expect("wait");
+        let lines: Vec<String> = rank.lines.try_iter().collect();
+        assert!(status.success(), "rank {r}: {status:?} {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with("iter")).count(), 3);
+    }
+}
+
+/// Why simulated hosts (tools/sim-hosts/hosts.sh) cannot run here, if they cannot.
+fn no_sim_hosts() -> Option<String> {
+    use std::process::Command;
+    let id = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&id.stdout).trim() != "0" {
+        return Some("simulated hosts need root (network namespaces)".into());
+    }
+    for tool in ["ip", "tc", "unshare", "nsenter", "setsid"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!(
+                "simulated hosts need {tool} (iproute2, util-linux)"
+            ));
+        }
+    }
+    None
+}
+
+/// Each simulated host's rank, with torchrun's variables; host 1 takes its own link down once
+/// its rank has done 3 all-reduces (its host vanishes from the network: no reset, no FIN).
+const VANISH: &str = r#"
+export RANK=$SIM_RANK WORLD_SIZE=$SIM_WORLD_SIZE LOCAL_RANK=$SIM_LOCAL_RANK
+export LOCAL_WORLD_SIZE=$SIM_RANKS_PER_HOST MASTER_ADDR=$SIM_MASTER_ADDR MASTER_PORT=29500
+if [ "$SIM_HOST_INDEX" != 1 ]; then exec "$0" "$@"; fi
+out=$(mktemp)
+"$0" "$@" > "$out" &
+worker=$!
+while [ "$(grep -c '^iter' "$out")" -lt 3 ]; do sleep 0.01; done
+ip link set "$SIM_IFNAME" down
+echo "LINK DOWN"
+sleep 3
+kill -9 $worker
+"#;
+
+#[test]
+fn a_host_that_drops_off_the_network_is_named() {
+    if let Some(why) = no_sim_hosts() {
+        if std::env::var_os("OXCCL_REQUIRE_SIMHOSTS").is_some() {
+            panic!("OXCCL_REQUIRE_SIMHOSTS is set but {why}");
+        }
+        println!("skipped: {why}");
+        return;
+    }
+    let hosts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/sim-hosts/hosts.sh");
+    let worker = procs::example("fault_worker");
+    let out = std::process::Command::new("bash")
+        .arg(hosts)
+        .args(["-n", "2", "-r", "1", "-t", "60", "--", "sh", "-c", VANISH])
+        .arg(worker)
+        .args(["1048576", "1000000"])
+        .env("OXCCL_HEARTBEAT", "1")
+        .env("OXCCL_TIMEOUT", "60")
+        .env("OXCCL_TUNE", "defaults")
+        .output()
+        .expect("run hosts.sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[h1r0] LINK DOWN"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("[h0r0] error"))
+        .unwrap_or_else(|| panic!("rank 0 reported no error: {text}"));
+    assert!(
+        line.contains("PeerFailed") && line.contains("peer: 1") && line.contains("heartbeat"),
+        "{line}"
+    );
+    // Declared after a silence shorter than the heartbeat period (1 s), where without
+    // heartbeats the stalled connection would have held the call to the 60 s deadline.
+    let quiet = line
+        .split("no heartbeat from it for ")
+        .nth(1)
+        .and_then(|t| t.split("ms").next())
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        quiet < 1000.0,
+        "declared after {quiet} ms of silence: {line}"
+    );
+    eprintln!("rank 0 named the vanished host's rank after {quiet} ms without a heartbeat");
+}

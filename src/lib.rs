@@ -62,6 +62,8 @@ pub mod config;
 pub mod error;
 mod exec;
 pub mod float8;
+#[cfg(test)]
+mod fuzz;
 pub mod launch;
 mod logging;
 pub mod reduce;

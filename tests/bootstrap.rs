@@ -334,6 +334,7 @@ fn connections_over_the_limit_are_closed_at_once() {
     let limits = ServerLimits {
         handshake_timeout: LONG,
         max_connections: 3,
+        ..ServerLimits::default()
     };
     let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
     let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
@@ -346,6 +347,34 @@ fn connections_over_the_limit_are_closed_at_once() {
     assert_closed_by_server(&mut flood, "connection over the limit");
     assert!(start.elapsed() < Duration::from_secs(2));
     still_works(&client, "at the limit");
+}
+
+#[test]
+fn silent_strangers_cannot_keep_clients_out() {
+    let secret = Secret::random().unwrap();
+    let limits = ServerLimits {
+        handshake_timeout: LONG,
+        max_unauthenticated: 4,
+        ..ServerLimits::default()
+    };
+    let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
+    // Strangers that connect and say nothing, far more than the handshake limit.
+    let mut silent: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+        .collect();
+    thread::sleep(Duration::from_millis(50));
+    // A client still gets in at once (the oldest silent ones make room), and works.
+    let start = Instant::now();
+    let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
+    still_works(&client, "among silent strangers");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // The first strangers were dropped; at most the limit of them still waits.
+    assert_closed_by_server(&mut silent[0], "the oldest silent stranger");
+    let _ = silent.drain(..);
 }
 
 #[test]

@@ -11,6 +11,13 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, kill_process};
 use util::procs;
 
+/// One test at a time: each starts 2-3 busy ranks on a 2-core machine, and the bounds below
+/// are about the heartbeat, not about how the scheduler shares the cores between tests.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Starts `n` fault workers with the heartbeat `hb` and extra variables `env`.
 fn launch(
     n: usize,
@@ -87,6 +94,7 @@ fn stopped_rank_is_named(args: &[&str], env: &[(&'static str, &str)], bound: Dur
 
 #[test]
 fn a_stopped_rank_fails_a_large_all_reduce_over_tcp() {
+    let _alone = alone();
     stopped_rank_is_named(
         &["2097152", "1000000"],
         &[("OXCCL_TRANSPORTS", "tcp")],
@@ -96,11 +104,13 @@ fn a_stopped_rank_fails_a_large_all_reduce_over_tcp() {
 
 #[test]
 fn a_stopped_rank_fails_small_all_reduces_over_shared_memory() {
+    let _alone = alone();
     stopped_rank_is_named(&["256", "100000000"], &[], Duration::from_millis(1800));
 }
 
 #[test]
 fn idle_ranks_learn_of_a_stopped_rank_at_their_next_call() {
+    let _alone = alone();
     let (_store, mut ranks) = launch(3, &["1024", "3"], "1", &[("FAULT_WORKER_PAUSE_MS", "3000")]);
     until_iterating(&ranks, 1);
     // Every rank now sleeps 3 s before its next call; rank 1 never wakes.
@@ -129,6 +139,7 @@ fn idle_ranks_learn_of_a_stopped_rank_at_their_next_call() {
 
 #[test]
 fn ranks_busy_elsewhere_for_several_periods_are_not_declared_failed() {
+    let _alone = alone();
     let (_store, mut ranks) = launch(
         3,
         &["1024", "3"],
@@ -182,6 +193,7 @@ kill -9 $worker
 
 #[test]
 fn a_host_that_drops_off_the_network_is_named() {
+    let _alone = alone();
     if let Some(why) = no_sim_hosts() {
         if std::env::var_os("OXCCL_REQUIRE_SIMHOSTS").is_some() {
             panic!("OXCCL_REQUIRE_SIMHOSTS is set but {why}");

@@ -32,7 +32,9 @@ pub struct TcpStore {
     addr: SocketAddr,
     secret: Secret,
     timeout: Duration,
-    idle: Mutex<Vec<TcpStream>>,
+    /// Idle connections, each with whether the server has answered a request on it (before
+    /// that, the server may still drop it as a handshake it had no room for).
+    idle: Mutex<Vec<(TcpStream, bool)>>,
 }
 
 impl TcpStore {
@@ -46,7 +48,7 @@ impl TcpStore {
             idle: Mutex::new(Vec::new()),
         };
         let conn = store.open(deadline, true)?;
-        store.idle().push(conn);
+        store.idle().push((conn, false));
         Ok(store)
     }
 
@@ -62,22 +64,52 @@ impl TcpStore {
         self.addr
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<TcpStream>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(TcpStream, bool)>> {
         // The pool holds only connections that finished a request cleanly; a panic elsewhere
         // cannot corrupt it.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Opens and authenticates one connection.
+    /// Opens and authenticates one connection. The handshake has the whole of `deadline`, not
+    /// a timeout per read; a server that drops the connection before answering (it was busy
+    /// with strangers) is tried again, with backoff, until then.
     fn open(&self, deadline: Instant, retry_refused: bool) -> Result<TcpStream> {
         let addr = self.addr;
-        let mut stream = connect(addr, deadline, retry_refused)?;
-        auth::client_handshake(&mut stream, &self.secret, STORE_CONTEXT, b"").map_err(|e| {
-            Error::Bootstrap(format!(
-                "store at {addr}: authentication handshake failed: {e}"
-            ))
-        })?;
-        Ok(stream)
+        let mut backoff = RETRY_MIN;
+        loop {
+            let mut stream = connect(addr, deadline, retry_refused)?;
+            let shaken = auth::client_handshake(
+                &mut Deadlined {
+                    s: &mut stream,
+                    deadline,
+                },
+                &self.secret,
+                STORE_CONTEXT,
+                b"",
+            );
+            match shaken {
+                Ok(_) => {
+                    set_timeouts(&stream, deadline).map_err(|source| Error::Io {
+                        what: format!("set timeouts on the connection to the store at {addr}"),
+                        source,
+                    })?;
+                    return Ok(stream);
+                }
+                Err(oxccl_transport::TransportError::Io { source, .. })
+                    if dropped(&source) && Instant::now() + backoff < deadline =>
+                {
+                    tracing::debug!(%addr, "store dropped the connection in the handshake \
+                        ({source}); trying again in {backoff:?}");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+                Err(e) => {
+                    return Err(Error::Bootstrap(format!(
+                        "store at {addr}: authentication handshake failed: {e}"
+                    )));
+                }
+            }
+        }
     }
 
     /// Sends one request frame and reads the response, answering by `reply_by`.
@@ -95,16 +127,27 @@ impl TcpStore {
         })?;
         let reply_by = reply_by.checked_add(ANSWER_MARGIN).unwrap_or(reply_by);
         let pooled = self.idle().pop();
-        let mut conn = match pooled {
+        let (mut conn, mut proven) = match pooled {
             Some(c) => c,
-            None => self.open(reply_by, false)?,
+            None => (self.open(reply_by, false)?, false),
         };
-        match exchange(&mut conn, &frame, reply_by) {
-            Ok(response) => {
-                self.idle().push(conn);
-                Ok(response)
+        let mut backoff = RETRY_MIN;
+        loop {
+            match exchange(&mut conn, &frame, reply_by) {
+                Ok(response) => {
+                    self.idle().push((conn, true));
+                    return Ok(response);
+                }
+                // Dropped before the server ever answered on it: it had no room for our
+                // handshake (strangers); nothing was done, so ask again on a new connection.
+                Err(e) if !proven && dropped(&e) && Instant::now() + backoff < reply_by => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                    conn = self.open(reply_by, false)?;
+                    proven = false;
+                }
+                Err(e) => return Err(self.failure(&what(), e)),
             }
-            Err(e) => Err(self.failure(&what(), e)),
         }
     }
 
@@ -251,6 +294,57 @@ pub(super) fn connect(
     Ok(stream)
 }
 
+/// A stream whose reads and writes together end at `deadline`: each call gets what is left as
+/// its socket timeout, and none starts after it (a peer trickling a byte per timeout cannot
+/// stretch the wait).
+pub(super) struct Deadlined<'a> {
+    pub(super) s: &'a mut TcpStream,
+    pub(super) deadline: Instant,
+}
+
+impl Deadlined<'_> {
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the deadline passed",
+            ));
+        }
+        self.s.set_read_timeout(Some(left))?;
+        self.s.set_write_timeout(Some(left))
+    }
+}
+
+impl io::Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.s.read(buf)
+    }
+}
+
+impl io::Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.s.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.s.flush()
+    }
+}
+
+/// Whether the server dropped the connection (rather than refusing our proof).
+fn dropped(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
 /// Errors worth retrying while the server may not be listening yet.
 fn retryable(e: &io::Error) -> bool {
     matches!(
@@ -275,9 +369,12 @@ pub(super) fn set_timeouts(s: &TcpStream, deadline: Instant) -> io::Result<()> {
 /// One request-response round trip. The response length is checked before anything is
 /// allocated for it.
 fn exchange(s: &mut TcpStream, frame: &[u8], reply_by: Instant) -> io::Result<Response> {
-    set_timeouts(s, reply_by)?;
+    // One deadline for the whole exchange, however the bytes trickle in.
+    let mut s = Deadlined {
+        s,
+        deadline: reply_by,
+    };
     s.write_all(frame)?;
-    set_timeouts(s, reply_by)?;
     let mut header = [0u8; 4];
     s.read_exact(&mut header)?;
     let len = u32::from_le_bytes(header) as usize;
@@ -288,7 +385,6 @@ fn exchange(s: &mut TcpStream, frame: &[u8], reply_by: Instant) -> io::Result<Re
         ));
     }
     let mut payload = vec![0u8; len];
-    set_timeouts(s, reply_by)?;
     s.read_exact(&mut payload)?;
     Response::decode(&payload).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }

@@ -40,18 +40,28 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 #[derive(Clone, Debug)]
 pub struct ServerLimits {
     /// How long a new connection has to complete the authentication handshake before it is
-    /// dropped (default 10 s).
+    /// dropped (default 5 s; the handshake is two messages each way).
     pub handshake_timeout: Duration,
     /// Most connections open at once; further ones are closed as soon as they are accepted,
-    /// so a flood cannot exhaust the process (default 4096).
+    /// so a flood cannot exhaust the process (default: three quarters of this process's
+    /// descriptor limit, at most 4096).
     pub max_connections: usize,
+    /// Most connections still in their handshake at once (default 128): when a new one
+    /// arrives over the limit, the oldest of them is dropped, so strangers that connect and
+    /// say nothing (or too slowly) cannot hold the store, and clients that were dropped retry
+    /// within their deadline.
+    pub max_unauthenticated: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> ServerLimits {
+        let fds = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(4096);
         ServerLimits {
-            handshake_timeout: Duration::from_secs(10),
-            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: usize::try_from(fds / 4 * 3).unwrap_or(4096).clamp(16, 4096),
+            max_unauthenticated: 128,
         }
     }
 }
@@ -424,6 +434,8 @@ struct EventLoop<'s> {
     accept_retry: Option<Instant>,
     refused: u64,
     last_refusal_warning: Option<Instant>,
+    evicted: u64,
+    last_eviction_warning: Option<Instant>,
 }
 
 impl<'s> EventLoop<'s> {
@@ -449,6 +461,8 @@ impl<'s> EventLoop<'s> {
             accept_retry: None,
             refused: 0,
             last_refusal_warning: None,
+            evicted: 0,
+            last_eviction_warning: None,
         }
     }
 
@@ -506,6 +520,7 @@ impl<'s> EventLoop<'s> {
                 self.refuse(peer);
                 continue;
             }
+            self.make_room();
             let token = Token(self.next_token);
             self.next_token += 1;
             if let Err(e) = self.poll.registry().register(
@@ -532,6 +547,46 @@ impl<'s> EventLoop<'s> {
             self.conns.insert(token, conn);
             self.reconcile(token);
             self.work.push(token);
+        }
+    }
+
+    /// At the limit of connections in their handshake, drops the oldest of them (the first
+    /// handshake deadline) that has not said hello yet, or else the oldest; warns at most once
+    /// a second, with a count.
+    fn make_room(&mut self) {
+        let unauthenticated = self.conns.values().filter(|c| !c.authenticated()).count();
+        if unauthenticated < self.limits.max_unauthenticated.max(1) {
+            return;
+        }
+        // Those that have not even said hello go first: a client that did is one message from
+        // done.
+        let silent = |c: &Conn<'_>| matches!(c.phase, Phase::Hello);
+        let oldest_where = |want: &dyn Fn(&Conn<'_>) -> bool| {
+            self.timers.iter().map(|&(_, t)| t).find(|t| {
+                self.conns
+                    .get(t)
+                    .is_some_and(|c| !c.authenticated() && want(c))
+            })
+        };
+        let oldest = oldest_where(&silent).or_else(|| oldest_where(&|_| true));
+        let Some(token) = oldest else { return };
+        let Some(mut conn) = self.conns.remove(&token) else {
+            return;
+        };
+        if let Some(t) = conn.timer {
+            self.timers.remove(&(t, token));
+        }
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.evicted += 1;
+        let now = Instant::now();
+        if self
+            .last_eviction_warning
+            .is_none_or(|t| now - t >= Duration::from_secs(1))
+        {
+            tracing::warn!(peer = %conn.peer,
+                "store server: dropping the oldest of {unauthenticated} connections still in their \
+                 handshake (the limit); {} dropped so far", self.evicted);
+            self.last_eviction_warning = Some(now);
         }
     }
 

@@ -292,6 +292,35 @@ impl Response {
 mod tests {
     use super::*;
 
+    #[test]
+    fn fuzzed_store_frames_never_panic_nor_overallocate() {
+        let ms = Duration::from_millis(5);
+        let requests: Vec<Vec<u8>> = [
+            set("key", b"value").unwrap(),
+            get("a/b/c", ms).unwrap(),
+            add("counter", -7).unwrap(),
+            wait(&["x", "y", "z"], ms).unwrap(),
+            check(&["only"]).unwrap(),
+        ]
+        .into_iter()
+        .map(payload)
+        .collect();
+        crate::fuzz::run("store Request::decode", &requests, |b| {
+            let _ = std::hint::black_box(Request::decode(b));
+        });
+        let responses: Vec<Vec<u8>> = [
+            Response::Ok(b"v".to_vec()),
+            Response::Timeout("t".into()),
+            Response::Error("e".into()),
+        ]
+        .iter()
+        .map(|r| payload(response(r)))
+        .collect();
+        crate::fuzz::run("store Response::decode", &responses, |b| {
+            let _ = std::hint::black_box(Response::decode(b));
+        });
+    }
+
     fn payload(frame: Vec<u8>) -> Vec<u8> {
         let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
         assert_eq!(len, frame.len() - 4);

@@ -278,6 +278,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fuzzed_heartbeats_and_endpoints_never_panic() {
+        let seal = Seal::new(&[3; 32], *b"fuzzfuzz");
+        let seeds = vec![
+            seal.encode(BEAT, 1, 2).to_vec(),
+            seal.encode(BYE, 7, u64::MAX).to_vec(),
+        ];
+        crate::fuzz::run("heartbeat Seal::decode", &seeds, |b| {
+            std::hint::black_box(seal.decode(b));
+        });
+        let seeds = vec![endpoint(
+            "10.0.0.1:5".parse().unwrap(),
+            Duration::from_secs(2),
+        )];
+        crate::fuzz::run("heartbeat endpoint", &seeds, |b| {
+            std::hint::black_box(parse_endpoint(b));
+        });
+    }
+
+    #[test]
     fn endpoints_round_trip() {
         let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
         let e = endpoint(a, Duration::from_millis(1500));

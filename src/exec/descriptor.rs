@@ -192,6 +192,30 @@ impl fmt::Display for Descriptor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fuzzed_descriptors_never_panic() {
+        let seeds = vec![
+            Descriptor::PointToPoint {
+                seq: 3,
+                sends: 9,
+                recvs: 1 << 40,
+            }
+            .encode()
+            .to_vec(),
+            Descriptor::collective(
+                12,
+                &crate::algo::Plan::new(Collective::AllGather, 77, DataType::BF16).root(2),
+                Algorithm::Ring,
+                4096,
+            )
+            .encode()
+            .to_vec(),
+        ];
+        crate::fuzz::run("Descriptor::decode", &seeds, |b| {
+            std::hint::black_box(Descriptor::decode(b));
+        });
+    }
+
     use super::*;
 
     #[test]

@@ -76,3 +76,21 @@ pub(super) fn decode(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuzzed_notices_never_panic() {
+        let d = Descriptor::PointToPoint {
+            seq: 1,
+            sends: 2,
+            recvs: 3,
+        };
+        let seeds = vec![failed(2, 1, "it died"), mismatch(&d)];
+        crate::fuzz::run("notice::decode", &seeds, |b| {
+            std::hint::black_box(decode(b, (0, 4), 1, "op".into(), "ours".into()));
+        });
+    }
+}

@@ -338,8 +338,9 @@ fn connections_over_the_limit_are_closed_at_once() {
     };
     let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
     let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
-    let _idle: Vec<TcpStream> = (0..2)
-        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+    // Two more clients that got in (connections in their handshake would make room instead).
+    let _idle: Vec<TcpStore> = (0..2)
+        .map(|_| TcpStore::connect(server.local_addr(), &secret, soon()).unwrap())
         .collect();
     thread::sleep(Duration::from_millis(50));
     let start = Instant::now();

@@ -8,6 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use oxccl_transport::auth::{self, Secret};
+use oxccl_transport::deadline::Deadlined;
 
 use super::wire::{self, MAX_FRAME, Response, STORE_CONTEXT};
 use super::{Store, not_set};
@@ -80,7 +81,7 @@ impl TcpStore {
             let mut stream = connect(addr, deadline, retry_refused)?;
             let shaken = auth::client_handshake(
                 &mut Deadlined {
-                    s: &mut stream,
+                    stream: &mut stream,
                     deadline,
                 },
                 &self.secret,
@@ -294,46 +295,6 @@ pub(super) fn connect(
     Ok(stream)
 }
 
-/// A stream whose reads and writes together end at `deadline`: each call gets what is left as
-/// its socket timeout, and none starts after it (a peer trickling a byte per timeout cannot
-/// stretch the wait).
-pub(super) struct Deadlined<'a> {
-    pub(super) s: &'a mut TcpStream,
-    pub(super) deadline: Instant,
-}
-
-impl Deadlined<'_> {
-    fn arm(&self) -> io::Result<()> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the deadline passed",
-            ));
-        }
-        self.s.set_read_timeout(Some(left))?;
-        self.s.set_write_timeout(Some(left))
-    }
-}
-
-impl io::Read for Deadlined<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.arm()?;
-        self.s.read(buf)
-    }
-}
-
-impl io::Write for Deadlined<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.arm()?;
-        self.s.write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.s.flush()
-    }
-}
-
 /// Whether the server dropped the connection (rather than refusing our proof).
 fn dropped(e: &io::Error) -> bool {
     matches!(
@@ -371,7 +332,7 @@ pub(super) fn set_timeouts(s: &TcpStream, deadline: Instant) -> io::Result<()> {
 fn exchange(s: &mut TcpStream, frame: &[u8], reply_by: Instant) -> io::Result<Response> {
     // One deadline for the whole exchange, however the bytes trickle in.
     let mut s = Deadlined {
-        s,
+        stream: s,
         deadline: reply_by,
     };
     s.write_all(frame)?;

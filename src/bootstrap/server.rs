@@ -516,11 +516,11 @@ impl<'s> EventLoop<'s> {
                     return;
                 }
             };
+            self.make_room();
             if self.conns.len() >= self.limits.max_connections {
                 self.refuse(peer);
                 continue;
             }
-            self.make_room();
             let token = Token(self.next_token);
             self.next_token += 1;
             if let Err(e) = self.poll.registry().register(
@@ -555,7 +555,13 @@ impl<'s> EventLoop<'s> {
     /// a second, with a count.
     fn make_room(&mut self) {
         let unauthenticated = self.conns.values().filter(|c| !c.authenticated()).count();
-        if unauthenticated < self.limits.max_unauthenticated.max(1) {
+        // Never all the connections: clients that got in must keep room to.
+        let limit = self
+            .limits
+            .max_unauthenticated
+            .min(self.limits.max_connections / 2)
+            .max(1);
+        if unauthenticated < limit {
             return;
         }
         // Those that have not even said hello go first: a client that did is one message from

@@ -170,6 +170,7 @@ impl Liveness {
     ) -> std::io::Result<Liveness> {
         let socket = Arc::new(socket);
         socket.set_read_timeout(Some(period / 10))?;
+        let beat = beat.max(crate::config::Config::MIN_HEARTBEAT);
         let stop = Arc::new(AtomicBool::new(false));
         let targets: Vec<SocketAddr> = peers.iter().map(|p| p.1).collect();
         let watch = Watch {
@@ -216,24 +217,56 @@ struct Watch {
     stop: Arc<AtomicBool>,
 }
 
+/// How long after the start a peer that was never heard from is reported (once): datagrams
+/// may be filtered where TCP is not, and then liveness cannot watch that peer.
+const NEVER_HEARD: Duration = Duration::from_secs(10);
+
+/// What the watch knows of one neighbour.
+#[derive(Clone, Copy)]
+struct Heard {
+    /// When it was last heard (or the watch resumed after a stall).
+    at: Instant,
+    /// Its highest counter so far (replays and reorderings are ignored).
+    counter: u64,
+    /// Whether it was ever heard: a peer is declared failed only after it was.
+    ever: bool,
+    /// Still watched (no goodbye).
+    watched: bool,
+}
+
 impl Watch {
     fn run(self) {
-        let beat_every = self.beat / 5;
+        let beat_every = (self.beat / 5).max(Duration::from_millis(1));
         let silence = self.period.mul_f64(0.8);
+        let stalled = self.period / 2;
         let start = Instant::now();
-        // Per watched peer: last heard, highest counter, still watched.
-        let mut heard: Vec<(Instant, u64, bool)> = vec![(start, 0, true); self.peers.len()];
+        let _ = self.socket.set_read_timeout(Some(
+            (self.period / 10)
+                .min(beat_every)
+                .max(Duration::from_millis(1)),
+        ));
+        let mut heard = vec![
+            Heard {
+                at: start,
+                counter: 0,
+                ever: false,
+                watched: true,
+            };
+            self.peers.len()
+        ];
         let mut counter = 0u64;
         let mut next_beat = start;
         let mut last_turn = start;
+        let mut declared = false;
+        let mut warned = false;
         let mut buf = [0u8; 64];
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            if now.duration_since(last_turn) > self.period / 2 {
-                // This thread was not scheduled for a while: what it did not hear says nothing
-                // about the peers.
+            if now.duration_since(last_turn) > stalled {
+                // This thread was not scheduled for a while (its process stopped, or starved):
+                // what it did not hear says nothing about the peers.
                 for h in heard.iter_mut() {
-                    h.0 = now;
+                    h.at = now;
                 }
             }
             last_turn = now;
@@ -245,20 +278,52 @@ impl Watch {
                 }
                 next_beat = now + beat_every;
             }
-            if let Ok((n, _)) = self.socket.recv_from(&mut buf)
+            let got = self.socket.recv_from(&mut buf);
+            let now = Instant::now();
+            if now.duration_since(last_turn) > stalled {
+                // Stopped inside the receive: the same.
+                for h in heard.iter_mut() {
+                    h.at = now;
+                }
+                last_turn = now;
+            }
+            if let Ok((n, _)) = got
                 && let Some((kind, from, c)) = self.seal.decode(&buf[..n])
                 && let Some(i) = self.peers.iter().position(|p| p.0 == from)
-                && c > heard[i].1
+                && c > heard[i].counter
             {
-                heard[i].1 = c;
-                heard[i].0 = Instant::now();
+                let h = &mut heard[i];
+                h.counter = c;
+                h.at = now;
+                h.ever = true;
                 if kind == BYE {
-                    heard[i].2 = false;
+                    h.watched = false;
                 }
             }
-            let now = Instant::now();
-            if let Some(i) = (0..heard.len()).find(|&i| heard[i].2 && now - heard[i].0 >= silence) {
-                let quiet = now - heard[i].0;
+            if !warned && now.duration_since(start) >= NEVER_HEARD {
+                warned = true;
+                let never: Vec<Rank> = (0..heard.len())
+                    .filter(|&i| !heard[i].ever && heard[i].watched)
+                    .map(|i| self.peers[i].0)
+                    .collect();
+                if !never.is_empty() {
+                    tracing::warn!(
+                        rank = self.me,
+                        ?never,
+                        "no heartbeat ever arrived from these ranks (UDP filtered?): their \
+                         liveness is not watched; a stopped one is noticed only at the deadline"
+                    );
+                }
+            }
+            if declared {
+                // This rank keeps beating (its neighbours must not take it for dead), but one
+                // failure is all it reports.
+                continue;
+            }
+            let late = (0..heard.len())
+                .find(|&i| heard[i].watched && heard[i].ever && now - heard[i].at >= silence);
+            if let Some(i) = late {
+                let quiet = now - heard[i].at;
                 self.flags.lose(
                     self.peers[i].0,
                     format!(
@@ -267,7 +332,7 @@ impl Watch {
                         self.period
                     ),
                 );
-                return;
+                declared = true;
             }
         }
     }
@@ -390,8 +455,9 @@ mod tests {
             assert_eq!(peer, 2);
             assert!(why.contains("no heartbeat"), "{why}");
         }
-        // Within the period, allowing for the last beat's scheduling.
-        assert!(took <= period + period / 5, "took {took:?}");
+        // Within the period (0.8 of it plus a receive timeout, measured here); twice it, so
+        // that a loaded machine does not fail the test — tests/liveness.rs measures the bound.
+        assert!(took <= period * 2, "took {took:?}");
         drop((la, lb));
     }
 

@@ -920,8 +920,12 @@ impl Engine {
             let mut sink = Vec::new();
             let mut pending: Vec<usize> = Vec::new();
             for (peer, link) in self.links.iter_mut().enumerate() {
+                // The rank at the root of the failure (dead, stopped, unreachable) is told too
+                // if its link takes it, but not waited for: a stopped peer whose socket is full
+                // would hold this rank's error for the whole flush time.
                 if let Some(link) = link
                     && link.post_control(&msg).is_ok()
+                    && peer != origin
                 {
                     pending.push(peer);
                 }
@@ -955,6 +959,13 @@ impl Engine {
             self.flags.set_told();
         }
         if let Some(e) = &error {
+            // The call the error goes to is the running one, or else the first queued one
+            // (below): the dump shows it as the failed call.
+            if self.running.is_none()
+                && let Some(op) = self.queue.front()
+            {
+                self.recorder.start(op.mark);
+            }
             self.recorder.failed(e);
         }
         let mut error = error;

@@ -31,6 +31,9 @@ pub fn blame(traces: &[Trace]) -> Vec<(String, String)> {
 
 /// `rank 3`, `ranks 0–2`, `ranks 0, 2–4`.
 pub(crate) fn ranks(v: &[Rank]) -> String {
+    if v.is_empty() {
+        return "no rank".into();
+    }
     let mut v = v.to_vec();
     v.sort_unstable();
     v.dedup();
@@ -101,8 +104,22 @@ impl Rank_<'_> {
     }
 }
 
+/// Most ranks a communicator of dumps is taken to have (a dump is a file anyone may have
+/// edited: its `size` is not trusted further).
+const MAX_SIZE: usize = 1 << 20;
+
 fn one(traces: &[&Trace]) -> String {
-    let size = traces.iter().map(|t| t.size).max().unwrap_or(0);
+    let traces: Vec<&Trace> = traces
+        .iter()
+        .copied()
+        .filter(|t| t.rank < t.size.min(MAX_SIZE))
+        .collect();
+    let size = traces
+        .iter()
+        .map(|t| t.size)
+        .max()
+        .unwrap_or(0)
+        .min(MAX_SIZE);
     let mut by_rank: BTreeMap<Rank, Rank_<'_>> = BTreeMap::new();
     for t in traces {
         // Two dumps of one rank (a signal, then a failure): the later one.
@@ -151,8 +168,8 @@ fn one(traces: &[&Trace]) -> String {
     let gave_up = waiters
         .iter()
         .filter_map(|w| {
-            let r = &by_rank[w];
-            let e = r.calls[&seq];
+            let r = by_rank.get(w)?;
+            let e = r.calls.get(&seq)?;
             (e.state == CallState::Failed).then(|| r.unix(e.end_ns.unwrap_or(e.begin_ns)))
         })
         .min();
@@ -181,8 +198,10 @@ fn one(traces: &[&Trace]) -> String {
         .copied()
         .filter(|s| {
             waiting.iter().any(|w| {
-                let r = &by_rank[w];
-                r.trace.failure.as_deref() == Some("peer failed") && r.calls[&seq].peer == Some(*s)
+                by_rank.get(w).is_some_and(|r| {
+                    r.trace.failure.as_deref() == Some("peer failed")
+                        && r.calls.get(&seq).is_some_and(|e| e.peer == Some(*s))
+                })
             })
         })
         .collect();
@@ -209,7 +228,7 @@ fn one(traces: &[&Trace]) -> String {
                 s += &format!(" ({} left no dump)", ranks(&silent));
             }
             if let [one] = absent[..]
-                && let Some(last) = by_rank[&one].trace.entries.last()
+                && let Some(last) = by_rank.get(&one).and_then(|r| r.trace.entries.last())
             {
                 s += &format!(
                     " (rank {one}'s last call: {}, {})",
@@ -316,7 +335,12 @@ fn mismatch(by_rank: &BTreeMap<Rank, Rank_<'_>>) -> Option<String> {
 fn chain(by_rank: &BTreeMap<Rank, Rank_<'_>>, seq: u64, name: &str, waiting: &[Rank]) -> String {
     let mut named: BTreeMap<Rank, usize> = BTreeMap::new();
     for w in waiting {
-        if let Some(p) = by_rank[w].calls[&seq].peer.filter(|p| p != w) {
+        if let Some(p) = by_rank
+            .get(w)
+            .and_then(|r| r.calls.get(&seq))
+            .and_then(|e| e.peer)
+            .filter(|p| p != w)
+        {
             *named.entry(p).or_default() += 1;
         }
     }
@@ -338,7 +362,12 @@ fn chain(by_rank: &BTreeMap<Rank, Rank_<'_>>, seq: u64, name: &str, waiting: &[R
                 ranks(waiting)
             );
         };
-        let e = r.calls[&seq];
+        let Some(&e) = r.calls.get(&seq) else {
+            return format!(
+                "{} wait for rank {at} in {name}; rank {at}'s dump does not show that call",
+                ranks(waiting)
+            );
+        };
         let next = e.peer.filter(|p| *p != at && !seen.contains(p));
         match (e.state, next) {
             (CallState::Waiting | CallState::Failed, Some(n)) if by_rank.contains_key(&n) => {
@@ -348,7 +377,9 @@ fn chain(by_rank: &BTreeMap<Rank, Rank_<'_>>, seq: u64, name: &str, waiting: &[R
             _ => break,
         }
     }
-    let e = by_rank[&at].calls[&seq];
+    let Some(&e) = by_rank.get(&at).and_then(|r| r.calls.get(&seq)) else {
+        return format!("{} wait for rank {at} in {name}", ranks(waiting));
+    };
     let others: Vec<Rank> = waiting.iter().copied().filter(|&w| w != at).collect();
     let step = e
         .step
@@ -361,10 +392,9 @@ fn chain(by_rank: &BTreeMap<Rank, Rank_<'_>>, seq: u64, name: &str, waiting: &[R
         ),
         CallState::Failed => format!(
             "rank {at} failed {name} first: {}; {} failed after it",
-            by_rank[&at]
-                .trace
-                .error
-                .as_deref()
+            by_rank
+                .get(&at)
+                .and_then(|r| r.trace.error.as_deref())
                 .unwrap_or("no error recorded"),
             ranks(&others)
         ),
@@ -453,6 +483,29 @@ mod tests {
         (0..n)
             .map(|s| entry(s, "all_reduce", CallState::Done, None))
             .collect()
+    }
+
+    #[test]
+    fn odd_dumps_do_not_panic() {
+        // A named rank whose dump lacks the call; a huge size; a rank beyond the size; an
+        // empty dump; only point-to-point entries.
+        let mut a = done(3);
+        a.push(entry(3, "all_reduce", CallState::Waiting, Some(1)));
+        let mut b = trace(1, 3, "SIGUSR1", vec![]);
+        b.recorded = 10;
+        let mut p2p = entry(0, "x", CallState::Waiting, Some(0));
+        p2p.kind = CallKind::PointToPoint;
+        p2p.collective = None;
+        b.entries.push(p2p);
+        let mut huge = trace(2, usize::MAX, "timeout", done(1));
+        huge.comm = "c".into();
+        let beyond = trace(7, 3, "timeout", done(2));
+        let ts = vec![trace(0, 3, "timeout", a), b, huge, beyond];
+        let lines = blame(&ts);
+        assert_eq!(lines.len(), 1);
+        assert!(!lines[0].1.is_empty());
+        assert_eq!(ranks(&[]), "no rank");
+        assert!(!blame(&[trace(0, 0, "x", vec![])])[0].1.is_empty());
     }
 
     #[test]

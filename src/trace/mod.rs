@@ -39,7 +39,7 @@ use crate::types::{DataType, Rank, ReduceOp};
 
 /// Calls a recorder keeps by default (`OXCCL_TRACE_ENTRIES`).
 pub const DEFAULT_ENTRIES: usize = 2000;
-/// Most calls a recorder may keep (64 MiB of slots).
+/// Most calls a recorder may keep (72 MiB of slots).
 pub const MAX_ENTRIES: usize = 1 << 20;
 /// The version of the dump format ([`Trace::format`]).
 pub const FORMAT: u32 = 1;
@@ -311,6 +311,8 @@ pub(crate) struct Recorder {
     size: usize,
     comm: String,
     dir: PathBuf,
+    /// `dir` is the default one (in the shared temporary directory).
+    default_dir: bool,
     /// Whether a failure already wrote a dump (one per communicator).
     dumped: AtomicBool,
     /// The error that failed the communicator, and its kind.
@@ -338,6 +340,7 @@ impl Recorder {
             size,
             comm,
             dir: config.trace_dir.clone().unwrap_or_else(default_dir),
+            default_dir: config.trace_dir.is_none(),
             dumped: AtomicBool::new(false),
             error: Mutex::new(None),
         });
@@ -504,7 +507,7 @@ impl Recorder {
             Ok(path) => tracing::warn!(
                 rank = self.rank,
                 "flight recorder: wrote the last {} calls to {} (oxccl-trace {} names the culprit)",
-                self.slots.len(),
+                self.keep,
                 path.display(),
                 self.dir.display()
             ),
@@ -551,30 +554,62 @@ impl Recorder {
     /// Writes the snapshot to `<dir>/<comm>.rank<r>.json` (the directory made private to this
     /// user if it is new) and returns the path.
     pub(crate) fn dump(&self, reason: &str) -> Result<PathBuf> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        static TEMP: AtomicU64 = AtomicU64::new(0);
         let t = self.snapshot(reason);
+        let what = |w: &str| {
+            format!(
+                "rank {}: flight recorder: {w} {}",
+                self.rank,
+                self.dir.display()
+            )
+        };
         let io = |what: String| move |source| Error::Io { what, source };
         if !self.dir.exists() {
-            use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&self.dir)
-                .map_err(io(format!(
-                    "rank {}: flight recorder: create {}",
-                    self.rank,
-                    self.dir.display()
-                )))?;
+                .map_err(io(what("create")))?;
+        }
+        // The default directory sits in a shared temporary directory: it must be this user's
+        // own, not a link, and writable by nobody else (someone else's would let them read or
+        // replace the dumps).
+        if self.default_dir {
+            let m = std::fs::symlink_metadata(&self.dir).map_err(io(what("inspect")))?;
+            let uid = rustix::process::geteuid().as_raw();
+            if !m.is_dir() || m.uid() != uid || m.mode() & 0o022 != 0 {
+                return Err(Error::Io {
+                    what: what("use"),
+                    source: std::io::Error::other(format!(
+                        "not a directory of this user (uid {uid}) that only it may write to; \
+                         set OXCCL_TRACE_DIR"
+                    )),
+                });
+            }
         }
         let path = self.dir.join(t.file_name());
-        // Written beside and renamed, so a reader never sees half a dump.
-        let tmp = self.dir.join(format!(".{}.{}", t.file_name(), t.pid));
-        std::fs::write(&tmp, t.to_json())
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(io(format!(
-                "rank {}: flight recorder: write {}",
-                self.rank,
-                path.display()
-            )))?;
+        // Written to a new file of our own (never through a link someone placed) and renamed,
+        // so a reader never sees half a dump and two dumps at once never share a file.
+        let tmp = self.dir.join(format!(
+            ".{}.{}.{}",
+            t.file_name(),
+            t.pid,
+            TEMP.fetch_add(1, Ordering::Relaxed)
+        ));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(t.to_json().as_bytes()))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(what("write into"))(e));
+        }
         Ok(path)
     }
 

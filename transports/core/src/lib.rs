@@ -33,6 +33,7 @@ use std::os::fd::RawFd;
 use std::time::Instant;
 
 pub mod auth;
+pub mod deadline;
 pub mod loopback;
 
 /// A process's index in its communicator.

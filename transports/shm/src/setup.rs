@@ -186,17 +186,23 @@ pub fn authenticate(
             cred.uid
         )));
     }
+    let ctx = [AUTH_CONTEXT, context].concat();
+    let hello = (me as u32).to_le_bytes();
+    // The whole handshake within `timeout`, however slowly the peer's bytes come.
+    let mut d = oxccl_transport::deadline::Deadlined {
+        stream: &mut *s,
+        deadline: Instant::now() + timeout,
+    };
+    let theirs = if client {
+        auth::client_handshake(&mut d, secret, &ctx, &hello)?
+    } else {
+        auth::server_handshake(&mut d, secret, &ctx, |_| Ok(hello.to_vec()))?
+    };
+    // The exchange that follows keeps a timeout per call, as before.
     s.set_read_timeout(Some(timeout))
         .map_err(|e| TransportError::io("shm: set timeout", e))?;
     s.set_write_timeout(Some(timeout))
         .map_err(|e| TransportError::io("shm: set timeout", e))?;
-    let ctx = [AUTH_CONTEXT, context].concat();
-    let hello = (me as u32).to_le_bytes();
-    let theirs = if client {
-        auth::client_handshake(s, secret, &ctx, &hello)?
-    } else {
-        auth::server_handshake(s, secret, &ctx, |_| Ok(hello.to_vec()))?
-    };
     let peer = theirs
         .get(..4)
         .and_then(|b| b.try_into().ok())

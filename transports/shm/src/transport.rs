@@ -188,11 +188,34 @@ impl Transport for ShmTransport {
         "shm"
     }
 
+    /// Listens on an abstract socket whose name ends in 64 random bits: published only once
+    /// it is bound (through the store), it cannot be taken first by another local user to
+    /// make this rank's start fail (a name taken anyway is replaced by a fresh one).
     fn listen(&mut self) -> Result<Vec<u8>> {
-        let name = setup::socket_name(&self.tag, self.cfg.rank);
-        let l = setup::listen(&name).map_err(|e| TransportError::io("shm: listen", e))?;
-        self.listener = Some(l);
-        Ok(name)
+        let mut last = None;
+        for _ in 0..4 {
+            let random = oxccl_transport::auth::random_bytes()?;
+            let mut name = setup::socket_name(&self.tag, self.cfg.rank);
+            name.extend(
+                format!(
+                    "-{:016x}",
+                    u64::from_le_bytes(random[..8].try_into().expect("8 bytes"))
+                )
+                .bytes(),
+            );
+            match setup::listen(&name) {
+                Ok(l) => {
+                    self.listener = Some(l);
+                    return Ok(name);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => return Err(TransportError::io("shm: listen", e)),
+            }
+        }
+        Err(TransportError::io(
+            "shm: listen (every name tried was taken)",
+            last.unwrap_or_else(|| std::io::Error::other("no name")),
+        ))
     }
 
     fn can_connect(&self, me: &PeerInfo, peer: &PeerInfo) -> bool {

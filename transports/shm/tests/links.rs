@@ -363,3 +363,25 @@ fn a_cancelled_by_address_send_is_never_read_after_cancel_returns() {
     );
     drop(msg);
 }
+
+#[test]
+fn socket_names_cannot_be_guessed_ahead() {
+    // Two transports of the same communicator, rank and secret listen on different names (a
+    // random part), so a name cannot be taken by someone else before it is published.
+    let secret = Secret::random().unwrap();
+    let mk = || {
+        ShmTransport::new(ShmConfig {
+            rank: 0,
+            nranks: 2,
+            secret: secret.clone(),
+            context: b"same".to_vec(),
+            max_message: 4096,
+            slots: 4,
+        })
+        .unwrap()
+    };
+    let (mut a, mut b) = (mk(), mk());
+    let (na, nb) = (a.listen().unwrap(), b.listen().unwrap());
+    assert_ne!(na, nb);
+    assert_eq!(na.len(), nb.len());
+}

@@ -339,9 +339,14 @@ fn connections_over_the_limit_are_closed_at_once() {
     let server = StoreServer::bind_with(localhost(), secret.clone(), limits).unwrap();
     let client = TcpStore::connect(server.local_addr(), &secret, soon()).unwrap();
     // Two more clients that got in (connections in their handshake would make room instead).
-    let _idle: Vec<TcpStore> = (0..2)
+    let idle: Vec<TcpStore> = (0..2)
         .map(|_| TcpStore::connect(server.local_addr(), &secret, soon()).unwrap())
         .collect();
+    // A request each: the store has seen their proofs (not still in the handshake).
+    for (i, c) in idle.iter().enumerate() {
+        still_works(c, &format!("idle {i}"));
+    }
+    still_works(&client, "first");
     thread::sleep(Duration::from_millis(50));
     let start = Instant::now();
     let mut flood = TcpStream::connect(server.local_addr()).unwrap();

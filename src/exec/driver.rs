@@ -92,6 +92,18 @@ struct Running {
     outstanding: usize,
 }
 
+impl Running {
+    /// The peer this operation waits for: the first whose descriptor has not come, else the
+    /// first its schedule still expects a message from.
+    fn waited_for(&self) -> Option<Rank> {
+        self.desc_in
+            .iter()
+            .find(|(_, _, got)| !got)
+            .map(|(p, _, _)| *p)
+            .or_else(|| self.progress.as_ref().and_then(|p| p.waiting_for().next()))
+    }
+}
+
 /// The per-communicator executor. See the module docs.
 pub struct Engine {
     pub(super) rank: Rank,
@@ -222,12 +234,7 @@ impl Engine {
             Phase::Yield => std::thread::yield_now(),
             Phase::Sleep => {
                 if let Some(r) = &self.running {
-                    let peer = r
-                        .desc_in
-                        .iter()
-                        .find(|(_, _, got)| !got)
-                        .map(|(p, _, _)| *p)
-                        .or_else(|| r.progress.as_ref().and_then(|p| p.waiting_for().next()));
+                    let peer = r.waited_for();
                     let step = r.progress.as_ref().map_or(0, Progress::done_steps);
                     self.recorder.waiting(peer, Some(step as u64));
                 }
@@ -347,12 +354,7 @@ impl Engine {
                 return true;
             }
             if Instant::now() >= r.deadline {
-                let peer = r
-                    .desc_in
-                    .iter()
-                    .find(|(_, _, got)| !got)
-                    .map(|(p, _, _)| *p)
-                    .or_else(|| r.progress.as_ref().and_then(|p| p.waiting_for().next()));
+                let peer = r.waited_for();
                 let e = Error::Timeout {
                     rank: self.rank,
                     op: r.op.name.to_string(),

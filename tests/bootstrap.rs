@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use oxccl::Error;
 use oxccl::bootstrap::{
-    MemStore, PrefixStore, Rendezvous, Secret, ServerLimits, Store, StoreProtocol, StoreServer,
-    TcpStore, UniqueId,
+    JobSecret, MemStore, PrefixStore, Rendezvous, Secret, ServerLimits, Store, StoreProtocol,
+    StoreServer, TcpStore, UniqueId,
 };
 use oxccl_transport::auth;
 
@@ -488,11 +488,15 @@ fn unique_id_rejects_garbage() {
 
 // ---- rendezvous from the environment ----
 
+/// The variables `pairs`, with `HOME` at a path of its own unless given (reading the
+/// environment touches no file: the user key is read or made only when the store is opened).
 fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let map: HashMap<String, String> = pairs
+    let mut map: HashMap<String, String> = pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    map.entry("HOME".into())
+        .or_insert_with(|| "/nonexistent/oxccl-test-home".into());
     move |k| map.get(k).cloned()
 }
 
@@ -531,7 +535,7 @@ fn rendezvous_from_oxrun() {
         (r.store.as_str(), r.host_store, r.source),
         ("127.0.0.1:4242", false, "oxccl")
     );
-    assert_eq!(r.secret, Secret::from_hex(TOKEN));
+    assert_eq!(r.secret, JobSecret::Given(Secret::from_hex(TOKEN).unwrap()));
     assert_eq!(r.store_addr().unwrap(), "127.0.0.1:4242".parse().unwrap());
     assert!(!format!("{r:?}").contains(TOKEN));
 
@@ -627,13 +631,20 @@ fn rendezvous_under_torchrun_agent_store_is_a_torch_client() {
             ("localhost:38119", false, "torchrun", &namespace),
             "rank {rank}"
         );
-        assert!(r.secret.is_none(), "rank 0 draws the secret in open_store");
+        assert_eq!(
+            r.secret,
+            JobSecret::Published,
+            "rank 0 draws the secret in open_store"
+        );
     }
 
     // A token is used as is (and never published).
     let mut token = base.to_vec();
     token.push(("OXCCL_TOKEN", TOKEN));
-    assert_eq!(read(&token).secret, Secret::from_hex(TOKEN));
+    assert_eq!(
+        read(&token).secret.given(),
+        Secret::from_hex(TOKEN).as_ref()
+    );
 
     // Only exactly "True" (what torchrun sets, and what torch itself tests) means the agent
     // store; anything else leaves rank 0 hosting oxccl's store, as before.
@@ -646,7 +657,7 @@ fn rendezvous_under_torchrun_agent_store_is_a_torch_client() {
             (true, &StoreProtocol::Oxccl),
             "{other}"
         );
-        assert!(r.secret.is_some());
+        assert!(matches!(r.secret, JobSecret::UserKey { .. }), "{other}");
     }
 
     // OXCCL_STORE_PROTOCOL=oxccl overrides the agent store: rank 0 hosts oxccl's store.
@@ -685,7 +696,7 @@ fn rendezvous_with_a_torch_store_someone_else_runs() {
             namespace: "oxccl/default".into()
         }
     );
-    assert!(r.secret.is_none());
+    assert_eq!(r.secret, JobSecret::Published);
 
     // With OXCCL_STORE, under any launcher, and named by a job id.
     let r = read(&[
@@ -762,7 +773,10 @@ fn rendezvous_from_slurm_openmpi_and_pmi() {
         (r.rank, r.world_size, r.local_rank, r.local_world_size),
         (1, 2, Some(1), Some(2))
     );
-    assert_eq!((r.source, r.secret), ("openmpi", Secret::from_hex(TOKEN)));
+    assert_eq!(
+        (r.source, r.secret.given()),
+        ("openmpi", Secret::from_hex(TOKEN).as_ref())
+    );
 
     let r = read(&[
         ("PMI_RANK", "0"),
@@ -1119,14 +1133,14 @@ fn the_secret_can_come_from_a_private_file() {
     };
     let pairs = with(&[("OXCCL_TOKEN_FILE", path)]);
     let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    assert_eq!(read(&refs).secret, Secret::from_hex(TOKEN));
+    assert_eq!(read(&refs).secret.given(), Secret::from_hex(TOKEN).as_ref());
     // Readable by the group, or by everyone: refused.
     for m in [0o640, 0o604, 0o620] {
         mode(m);
         fails(&refs, &["OXCCL_TOKEN_FILE", path, "chmod 600"]);
     }
     mode(0o400);
-    assert_eq!(read(&refs).secret, Secret::from_hex(TOKEN));
+    assert_eq!(read(&refs).secret.given(), Secret::from_hex(TOKEN).as_ref());
     // Another user's file (only root can hand one over; elsewhere this part is skipped).
     if std::os::unix::fs::chown(&file, Some(65534), None).is_ok() {
         fails(&refs, &["OXCCL_TOKEN_FILE", "belongs to uid 65534"]);
@@ -1152,5 +1166,105 @@ fn the_secret_can_come_from_a_private_file() {
     let pairs = with(&[("OXCCL_TOKEN_FILE", path), ("OXCCL_TOKEN", TOKEN)]);
     let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     fails(&refs, &["OXCCL_TOKEN_FILE", "OXCCL_TOKEN"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without a token, a job that hosts oxccl's store takes its secret from this user's key: made
+/// on first use (0600 in a 0700 directory), the same for every rank that starts at once, and
+/// refused when others may read it. Two ranks with the same key meet; a rank with another key
+/// (a host that does not share the home directory) fails at once naming its key file; a
+/// stranger who knows every public fact of the job (what the secret used to be derived from)
+/// cannot join.
+#[test]
+fn without_a_token_the_secret_comes_from_the_users_key() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = std::env::temp_dir().join(format!("oxccl-userkey-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let key = dir.join("a").join("oxccl").join("key");
+
+    // Eight ranks starting at once on a fresh home all end up with one key.
+    let keys: Vec<Secret> = (0..8)
+        .map(|_| {
+            let key = key.clone();
+            thread::spawn(move || oxccl::bootstrap::user_key(&key).unwrap())
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(keys.iter().all(|k| *k == keys[0]));
+    assert_eq!(oxccl::bootstrap::user_key(&key).unwrap(), keys[0]);
+    let meta = std::fs::metadata(&key).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(key.parent().unwrap()).unwrap().mode() & 0o077,
+        0
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(key.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, ["key"], "no temporary files left behind");
+    // A key others may read protects nothing: refused, naming the file.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = oxccl::bootstrap::user_key(&key).unwrap_err().to_string();
+    assert!(
+        err.contains("user key")
+            && err.contains(&key.display().to_string())
+            && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let port = {
+        let l = TcpListener::bind(localhost()).unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let port = port.to_string();
+    let config_a = dir.join("a");
+    let config_b = dir.join("b");
+    let env = |rank: &'static str, config: &std::path::Path| {
+        read(&[
+            ("RANK", rank),
+            ("WORLD_SIZE", "3"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port),
+            ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+        ])
+    };
+    let r0 = env("0", &config_a);
+    match &r0.secret {
+        JobSecret::UserKey { file, .. } => assert_eq!(file, &key),
+        other => panic!("{other:?}"),
+    }
+    let job_secret = r0.secret.resolve().unwrap().unwrap();
+    assert_ne!(job_secret, keys[0], "the key itself never goes on the wire");
+    let opened = r0.open_store(soon()).unwrap();
+    assert_eq!(opened.secret, job_secret);
+    // Another rank with the same key (same host, or a shared home) joins.
+    let r1 = env("1", &config_a).open_store(soon()).unwrap();
+    r1.store.set("hello", b"1").unwrap();
+    assert_eq!(opened.store.get("hello", soon()).unwrap(), b"1");
+    // A rank with a key of its own fails at once, and says why.
+    let start = Instant::now();
+    let err = env("2", &config_b)
+        .open_store(soon())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        err.contains("rank 2")
+            && err.contains(&config_b.join("oxccl").join("key").display().to_string())
+            && err.contains("OXCCL_TOKEN"),
+        "{err}"
+    );
+    // The public facts alone, as the secret used to be derived, do not open the store.
+    let material = format!("oxccl job\0store=127.0.0.1:{port}\0world_size=3");
+    let stranger = TcpStore::connect(opened.addr, &Secret::derive(material.as_bytes()), soon());
+    assert!(stranger.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,9 @@ use crate::{Error, Result};
 const ANSWER_MARGIN: Duration = Duration::from_secs(3);
 /// Default bound on requests that carry no deadline of their own (set, add, check).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// What an authentication failure says: the store holds another secret than this client.
+pub(crate) const NOT_OUR_SECRET: &str =
+    "authentication failed: the store holds another job secret than this rank";
 /// Backoff between connection attempts while the server is not up yet.
 const RETRY_MIN: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_millis(500);
@@ -103,6 +106,13 @@ impl TcpStore {
                         ({source}); trying again in {backoff:?}");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(RETRY_MAX);
+                }
+                Err(oxccl_transport::TransportError::Auth(e))
+                    if e == auth::SERVER_HAS_ANOTHER_SECRET =>
+                {
+                    return Err(Error::Bootstrap(format!(
+                        "store at {addr}: {NOT_OUR_SECRET} ({e})"
+                    )));
                 }
                 Err(e) => {
                     return Err(Error::Bootstrap(format!(

@@ -6,7 +6,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{PrefixStore, Secret, Store, StoreServer, TcpStore, TorchStore};
+use std::path::{Path, PathBuf};
+
+use super::{PrefixStore, Secret, Store, StoreServer, TcpStore, TorchStore, client};
 use crate::{Error, Result};
 
 /// Where this rank stands in its job and how to reach the job's store, as read from the
@@ -42,17 +44,18 @@ use crate::{Error, Result};
 /// under torchrun, whose agent already listens on `MASTER_PORT`. Set it to `oxccl` to make
 /// rank 0 host oxccl's store anyway.
 ///
-/// The secret is `OXCCL_TOKEN` (64 hex digits) when set, or the content of the file
-/// `OXCCL_TOKEN_FILE` names (see [`token_file`]: owned by this user, mode 0600). Otherwise,
-/// with oxccl's store, it is
-/// derived from the store address, the world size and any job id found (SLURM_JOB_ID,
-/// TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid): that tells concurrent jobs apart but does not
-/// keep out other users of the machines, and a warning says so. With a torch store it is left
-/// to [`Rendezvous::open_store`] ([`Rendezvous::secret`] is `None`): rank 0 draws a random one
-/// and publishes it in the store, where the other ranks read it. A torch store has no
-/// authentication, so anyone who can reach it can read that secret — the same trust torch
-/// itself places in its store, where anyone who can reach it can rewrite the job's rendezvous;
-/// set `OXCCL_TOKEN` to keep the secret out of the store.
+/// The job secret, which authenticates every connection of the job (to the store and between
+/// ranks), comes from the first of these that applies ([`JobSecret`]):
+///
+/// | case | secret | who cannot join or read the job |
+/// |------|--------|---------------------------------|
+/// | `OXCCL_TOKEN` (64 hex digits) or `OXCCL_TOKEN_FILE` (see [`token_file`]) | as given | whoever the channel that carried it keeps out (oxrun passes a fresh random one in its children's environment, which only the user and root can read) |
+/// | a torch store | rank 0 draws a random one and publishes it in the store | nobody who can reach the torch store: the trust torch itself places in it (anyone who reaches it can rewrite the job's rendezvous) |
+/// | otherwise (rank 0 hosts oxccl's store) | HMAC of this user's key ([`user_key`], a random key in `~/.config/oxccl/key` made on first use, mode 0600) and the job's public facts (store address, world size, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid) | other users (of this host, or of any host that cannot read the user's home), remote strangers; not the user's own processes, nor root |
+///
+/// In the last case every host of the job needs the same key file: a shared home directory
+/// (the usual cluster set-up) gives that; elsewhere copy the file or set `OXCCL_TOKEN`. A rank
+/// whose key differs from the store's fails at once, naming its key file.
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
     /// This process's rank, `< world_size`.
@@ -68,15 +71,52 @@ pub struct Rendezvous {
     pub store: String,
     /// Which protocol the store speaks, and for a torch store, where oxccl's keys live in it.
     pub protocol: StoreProtocol,
-    /// The job secret; `None` when rank 0 draws it and publishes it in a torch store (see
-    /// above): [`Rendezvous::open_store`] returns it then.
-    pub secret: Option<Secret>,
+    /// Where the job secret comes from (see above); [`Rendezvous::open_store`] returns the
+    /// secret itself.
+    pub secret: JobSecret,
     /// Whether this rank must host the store itself (rank 0, when no launcher hosts it; never
     /// for a torch store).
     pub host_store: bool,
     /// Which launcher's variables were read: `"oxccl"`, `"torchrun"`, `"slurm"`, `"openmpi"`
     /// or `"pmi"`.
     pub source: &'static str,
+}
+
+/// Where a job's secret comes from (see [`Rendezvous`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobSecret {
+    /// Given by `OXCCL_TOKEN` or `OXCCL_TOKEN_FILE`.
+    Given(Secret),
+    /// Drawn by rank 0 and published in the job's torch store.
+    Published,
+    /// Derived from this user's key in `file` ([`user_key`], made on first use) and the job's
+    /// public facts `job` ([`Secret::keyed`]).
+    UserKey {
+        /// The key file: `$XDG_CONFIG_HOME/oxccl/key`, or `$HOME/.config/oxccl/key`.
+        file: std::path::PathBuf,
+        /// The job's public facts.
+        job: String,
+    },
+}
+
+impl JobSecret {
+    /// The secret when it was given.
+    pub fn given(&self) -> Option<&Secret> {
+        match self {
+            JobSecret::Given(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The secret, reading (or on first use making) the user's key for
+    /// [`JobSecret::UserKey`]; `None` for [`JobSecret::Published`].
+    pub fn resolve(&self) -> Result<Option<Secret>> {
+        match self {
+            JobSecret::Given(s) => Ok(Some(s.clone())),
+            JobSecret::Published => Ok(None),
+            JobSecret::UserKey { file, job } => Ok(Some(user_key(file)?.keyed(job.as_bytes()))),
+        }
+    }
 }
 
 /// The protocol of a job's store.
@@ -178,11 +218,66 @@ fn bad(msg: String) -> Error {
 /// The secret in the file at `path` (`OXCCL_TOKEN_FILE`): 64 hex digits (surrounding white
 /// space allowed), in a regular file of at most 1 KiB that belongs to this user and that no one
 /// else may read or write (mode `0600` or stricter) — a secret others can read protects nothing.
-pub fn token_file(path: &std::path::Path) -> Result<Secret> {
+pub fn token_file(path: &Path) -> Result<Secret> {
+    private_secret(path, "OXCCL_TOKEN_FILE")
+}
+
+/// This user's key at `path` (see [`Rendezvous`]), made on first use: 32 random bytes as hex in
+/// a new file of mode 0600 (its directories 0700), published with `link(2)` so that ranks
+/// starting at once on a host (or on hosts sharing the home directory, NFS included) all end
+/// up with the first one made. Then read under the checks of [`token_file`].
+pub fn user_key(path: &Path) -> Result<Secret> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let what = "the user key";
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => return private_secret(path, what),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bad(format!("{what} {}: {e}", path.display()))),
+    }
+    let made = (|| -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let key = Secret::random().map_err(std::io::Error::other)?;
+        let nonce = u64::from_le_bytes(key.as_bytes()[..8].try_into().expect("8 bytes"));
+        let tmp = dir.join(format!(".key.{}.{nonce:016x}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)?;
+        let written = file
+            .write_all(format!("{}\n", key.to_hex()).as_bytes())
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::hard_link(&tmp, path));
+        let _ = std::fs::remove_file(&tmp);
+        match written {
+            // Another rank made it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    })();
+    made.map_err(|e| {
+        bad(format!(
+            "cannot make {what} {} ({e}); without OXCCL_TOKEN or OXCCL_TOKEN_FILE the job \
+             secret is derived from it",
+            path.display()
+        ))
+    })?;
+    tracing::info!(file = %path.display(), "made this user's oxccl key");
+    private_secret(path, what)
+}
+
+/// 64 hex digits from a private file; `what` names it in errors.
+fn private_secret(path: &Path, what: &str) -> Result<Secret> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let name = path.display();
-    let bad = |why: String| bad(format!("OXCCL_TOKEN_FILE {name}: {why}"));
+    let bad = |why: String| bad(format!("{what} {name}: {why}"));
     let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     // The opened file's own metadata: what is read is what was checked.
     let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
@@ -210,6 +305,23 @@ pub fn token_file(path: &std::path::Path) -> Result<Secret> {
         return Err(bad("longer than 1 KiB".into()));
     }
     Secret::from_hex(text.trim()).ok_or_else(|| bad("does not hold 64 hex digits".into()))
+}
+
+/// Where this user's key lives: `$XDG_CONFIG_HOME/oxccl/key` when that is an absolute path
+/// (the XDG rule), else `$HOME/.config/oxccl/key`.
+fn user_key_path(var: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
+    let absolute = |name: &str| var(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(config) = absolute("XDG_CONFIG_HOME") {
+        return Ok(config.join("oxccl").join("key"));
+    }
+    match absolute("HOME") {
+        Some(home) => Ok(home.join(".config").join("oxccl").join("key")),
+        None => Err(bad(format!(
+            "no job secret: OXCCL_TOKEN and OXCCL_TOKEN_FILE are unset, and HOME ({:?}) is not \
+             an absolute path to keep this user's key under",
+            var("HOME").unwrap_or_default()
+        ))),
+    }
 }
 
 impl Rendezvous {
@@ -346,34 +458,24 @@ impl Rendezvous {
                     "OXCCL_TOKEN and OXCCL_TOKEN_FILE are both set: say the secret once".into(),
                 ));
             }
-            (Some(hex), None) => Some(
+            (Some(hex), None) => JobSecret::Given(
                 Secret::from_hex(&hex)
                     .ok_or_else(|| bad("OXCCL_TOKEN is not 64 hex digits".into()))?,
             ),
-            (None, Some(path)) => Some(token_file(std::path::Path::new(&path))?),
+            (None, Some(path)) => JobSecret::Given(token_file(Path::new(&path))?),
             // Rank 0 draws it when the store is opened.
-            (None, None) if torch => None,
+            (None, None) if torch => JobSecret::Published,
             (None, None) => {
-                let mut material = format!("oxccl job\0store={store}\0world_size={world_size}");
-                let mut ids = Vec::new();
+                let mut job = format!("oxccl job\0store={store}\0world_size={world_size}");
                 for name in JOB_IDS {
                     if let Some(id) = var(name) {
-                        material.push_str(&format!("\0{name}={id}"));
-                        ids.push(name);
+                        job.push_str(&format!("\0{name}={id}"));
                     }
                 }
-                tracing::warn!(
-                    "OXCCL_TOKEN is not set: the job secret is derived from the store address, \
-                     the world size{}; it tells jobs apart but does not protect this job against \
-                     other local users (set OXCCL_TOKEN to 64 random hex digits on every rank, \
-                     or OXCCL_TOKEN_FILE to a file of them only you can read)",
-                    if ids.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" and {}", ids.join(", "))
-                    }
-                );
-                Some(Secret::derive(material.as_bytes()))
+                JobSecret::UserKey {
+                    file: user_key_path(&var)?,
+                    job,
+                }
             }
         };
 
@@ -414,14 +516,14 @@ impl Rendezvous {
     /// For a torch store ([`StoreProtocol::Torch`]) every rank is a client. Each call is one
     /// more generation of the job in the store (a counter per rank, so the k-th call on every
     /// rank meets the k-th on the others, never keys an earlier communicator left there), and
-    /// the returned store is scoped to `namespace/<generation>`. Without `OXCCL_TOKEN`, rank 0
+    /// the returned store is scoped to `namespace/<generation>`. Without a given secret, rank 0
     /// then draws the job secret and sets it at key `secret` there, and the other ranks wait
     /// for it until `deadline`.
     pub fn open_store(&self, deadline: Instant) -> Result<OpenedStore> {
         let addr = self.store_addr()?;
         match &self.protocol {
             StoreProtocol::Oxccl => {
-                let secret = self.secret.clone().ok_or_else(|| {
+                let secret = self.secret.resolve()?.ok_or_else(|| {
                     bad("oxccl's store needs a secret, and the rendezvous has none".into())
                 })?;
                 let server = if self.host_store {
@@ -436,7 +538,23 @@ impl Rendezvous {
                 } else {
                     None
                 };
-                let store = TcpStore::connect(addr, &secret, deadline)?;
+                let store = TcpStore::connect(addr, &secret, deadline).map_err(|e| {
+                    match (&self.secret, e) {
+                        (JobSecret::UserKey { file, .. }, Error::Bootstrap(m))
+                            if m.contains(client::NOT_OUR_SECRET) =>
+                        {
+                            bad(format!(
+                                "rank {}: {m}: this rank's secret comes from its user key {} — \
+                             every host of the job needs the same key file (a shared home \
+                             directory, or copy it), or set OXCCL_TOKEN or OXCCL_TOKEN_FILE on \
+                             every rank",
+                                self.rank,
+                                file.display()
+                            ))
+                        }
+                        (_, e) => e,
+                    }
+                })?;
                 Ok(OpenedStore {
                     store: Arc::new(store),
                     addr,
@@ -448,8 +566,8 @@ impl Rendezvous {
                 let client: Arc<dyn Store> = Arc::new(TorchStore::connect(addr, deadline)?);
                 let generation = client.add(&format!("{namespace}/generation/{}", self.rank), 1)?;
                 let store = PrefixStore::new(client, format!("{namespace}/{generation}"));
-                let secret = match &self.secret {
-                    Some(s) => s.clone(),
+                let secret = match self.secret.resolve()? {
+                    Some(s) => s,
                     None if self.rank == 0 => {
                         let s = Secret::random().map_err(|e| {
                             bad(format!(

@@ -36,7 +36,7 @@ mod unique_id;
 mod wire;
 
 pub use client::TcpStore;
-pub use env::{OpenedStore, Rendezvous, StoreProtocol};
+pub use env::{JobSecret, OpenedStore, Rendezvous, StoreProtocol, token_file, user_key};
 pub use mem::MemStore;
 pub use oxccl_transport::auth::Secret;
 pub use server::{ServerLimits, StoreServer};

@@ -31,6 +31,8 @@ pub const MAGIC: [u8; 8] = *b"OXCCL\x00\x01\x00";
 pub const NONCE_LEN: usize = 32;
 /// MAC length.
 pub const MAC_LEN: usize = 32;
+/// The client's [`TransportError::Auth`] message when the server proved a different secret.
+pub const SERVER_HAS_ANOTHER_SECRET: &str = "the server does not know the job secret";
 /// Largest hello payload.
 pub const MAX_HELLO: usize = 1024;
 
@@ -54,6 +56,17 @@ impl Secret {
     pub fn derive(material: &[u8]) -> Secret {
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"oxccl derived secret v1")
             .expect("HMAC accepts keys of any length");
+        mac.update(material);
+        Secret(mac.finalize().into_bytes().into())
+    }
+
+    /// A secret derived from this one, used as a key, and `material` (a job's public facts):
+    /// HMAC-SHA256 under a label of its own, so knowing the material without the key tells
+    /// nothing, and different material gives unrelated secrets.
+    pub fn keyed(&self, material: &[u8]) -> Secret {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
+            .expect("HMAC accepts keys of any length");
+        mac.update(b"oxccl keyed job secret v1\0");
         mac.update(material);
         Secret(mac.finalize().into_bytes().into())
     }
@@ -208,9 +221,7 @@ impl<'a> Client<'a> {
         self.transcript.server_hello = server_hello.to_vec();
         let want = self.secret.mac(b"server", self.context, &self.transcript);
         if !constant_time_eq(&want, server_mac) {
-            return Err(TransportError::Auth(
-                "the server does not know the job secret".into(),
-            ));
+            return Err(TransportError::Auth(SERVER_HAS_ANOTHER_SECRET.into()));
         }
         let proof = self.secret.mac(b"client", self.context, &self.transcript);
         Ok((proof.to_vec(), self.transcript.server_hello))
@@ -362,6 +373,28 @@ mod tests {
         let (c, srv) = run(Secret::random().unwrap(), Secret::random().unwrap());
         assert!(matches!(c, Err(TransportError::Auth(_))), "{c:?}");
         assert!(srv.is_err());
+    }
+
+    #[test]
+    fn keyed_secrets_need_the_key() {
+        let key = Secret::from_bytes([7; 32]);
+        let job = b"oxccl job\0store=h:1\0world_size=2";
+        // Deterministic for the same key and facts (every rank derives the same secret) ...
+        assert_eq!(key.keyed(job), Secret::from_bytes([7; 32]).keyed(job));
+        // ... and unrelated to the key, to the facts alone, to another job or another key.
+        let others = [
+            key.clone(),
+            Secret::derive(job),
+            key.keyed(b"oxccl job\0store=h:1\0world_size=3"),
+            Secret::from_bytes([8; 32]).keyed(job),
+        ];
+        assert!(others.iter().all(|o| *o != key.keyed(job)));
+        // Matches HMAC-SHA256(key, label || facts), computed independently.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&[7; 32]).unwrap();
+        mac.update(b"oxccl keyed job secret v1\0");
+        mac.update(job);
+        let want: [u8; 32] = mac.finalize().into_bytes().into();
+        assert_eq!(key.keyed(job).as_bytes(), &want);
     }
 
     #[test]

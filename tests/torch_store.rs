@@ -554,3 +554,40 @@ fn garbage_answers_are_errors_not_panics_or_allocations() {
     });
     assert!(err.contains("\"never\""), "{err}");
 }
+
+/// A server that passes the handshake, then answers each request one byte every 100 ms,
+/// forever: with a timeout per read, a request would last as long as the bytes kept coming.
+#[test]
+fn a_trickling_server_cannot_stretch_a_request_past_its_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else {
+            return;
+        };
+        let mut hello = [0u8; 10];
+        if s.read_exact(&mut hello).is_err() || s.write_all(&hello[6..10]).is_err() {
+            return;
+        }
+        let mut request = [0u8; 64];
+        if s.read(&mut request).is_err() {
+            return;
+        }
+        // An add's answer is 8 bytes: send them one at a time (and never stop).
+        while s.write_all(&[0]).is_ok() {
+            thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let store = TorchStore::connect(addr, soon())
+        .unwrap()
+        .with_timeout(Duration::from_millis(500));
+    // 8 bytes take 0.8 s at this pace, past the 0.5 s the add has (with a timeout per read,
+    // the add succeeded after 0.8 s).
+    let err = within(Duration::from_secs(2), || {
+        store.add("counter", 1).unwrap_err()
+    });
+    assert!(
+        err.contains("\"counter\"") && err.contains("in time"),
+        "{err}"
+    );
+}

@@ -43,7 +43,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::client::{connect, set_timeouts};
+use oxccl_transport::deadline::Deadlined;
+
+use super::client::connect;
 use super::wire::MAX_FRAME;
 use super::{Store, not_set};
 use crate::{Error, Result};
@@ -145,9 +147,12 @@ impl TorchStore {
         let mut hello = Request::new(VALIDATE).u32(VALIDATION_MAGIC);
         hello.0.push(PING);
         let hello = hello.u32(nonce);
-        let answer = stream
-            .write_all(&hello.0)
-            .and_then(|()| read_array::<4>(&mut stream));
+        // The whole handshake by `deadline`, however slowly the bytes come.
+        let mut d = Deadlined {
+            stream: &mut stream,
+            deadline,
+        };
+        let answer = d.write_all(&hello.0).and_then(|()| read_array::<4>(&mut d));
         match answer {
             Ok(echo) if u32::from_le_bytes(echo) == nonce => Ok(stream),
             Ok(echo) => Err(Error::Bootstrap(format!(
@@ -169,14 +174,18 @@ impl TorchStore {
         what: &dyn Fn() -> String,
         hint: &str,
         reply_by: Instant,
-        exchange: impl FnOnce(&mut TcpStream) -> io::Result<T>,
+        exchange: impl FnOnce(&mut Conn<'_>) -> io::Result<T>,
     ) -> Result<T> {
         let pooled = self.idle().pop();
         let mut conn = match pooled {
             Some(c) => c,
             None => self.open(reply_by.max(Instant::now() + ANSWER_MARGIN), false)?,
         };
-        let result = set_timeouts(&conn, reply_by).and_then(|()| exchange(&mut conn));
+        // One deadline for the whole exchange (a wait moves it on purpose), not one per read.
+        let result = exchange(&mut Deadlined {
+            stream: &mut conn,
+            deadline: reply_by,
+        });
         match result {
             Ok(t) => {
                 self.idle().push(conn);
@@ -282,7 +291,7 @@ impl Store for TorchStore {
             match wait_on(s, std::slice::from_ref(&wire), deadline)? {
                 Waited::Missing(k) => Ok(Err(k)),
                 Waited::Done => {
-                    set_timeouts(s, Instant::now() + ANSWER_MARGIN)?;
+                    s.deadline = Instant::now() + ANSWER_MARGIN;
                     s.write_all(&Request::new(GET).string(&wire).0)?;
                     Ok(Ok(read_vec(s, MAX_FRAME, "value")?))
                 }
@@ -340,6 +349,9 @@ impl Store for TorchStore {
     }
 }
 
+/// A pooled connection during one request: every read and write ends by its deadline.
+type Conn<'a> = Deadlined<'a, TcpStream>;
+
 /// A request under construction.
 struct Request(Vec<u8>);
 
@@ -382,9 +394,11 @@ impl Request {
 /// Sends a WAIT for `keys` (in wire form) and reads its answer until `deadline`; past it,
 /// cancels the wait and finds a key that is still missing. Leaves the connection clean either
 /// way.
-fn wait_on(s: &mut TcpStream, keys: &[String], deadline: Instant) -> io::Result<Waited> {
+fn wait_on(s: &mut Conn<'_>, keys: &[String], deadline: Instant) -> io::Result<Waited> {
+    // Sending is not waiting: even a wait already past its deadline is sent (and cancelled).
+    s.deadline = Instant::now() + ANSWER_MARGIN;
     s.write_all(&Request::new(WAIT).key_list(keys).0)?;
-    set_timeouts(s, deadline)?;
+    s.deadline = deadline;
     match read_array::<1>(s) {
         Ok([STOP_WAITING]) => return Ok(Waited::Done),
         Ok([b]) => return Err(bad_data(format!("answered a wait with {b}"))),
@@ -396,7 +410,7 @@ fn wait_on(s: &mut TcpStream, keys: &[String], deadline: Instant) -> io::Result<
             ) => {}
         Err(e) => return Err(e),
     }
-    set_timeouts(s, Instant::now() + ANSWER_MARGIN)?;
+    s.deadline = Instant::now() + ANSWER_MARGIN;
     s.write_all(&[CANCEL_WAIT])?;
     match read_array::<1>(s)? {
         [WAIT_CANCELED] => {}
@@ -423,7 +437,7 @@ fn wait_on(s: &mut TcpStream, keys: &[String], deadline: Instant) -> io::Result<
 }
 
 /// A CHECK of `keys` (in wire form) on a connection.
-fn check_on(s: &mut TcpStream, keys: &[String]) -> io::Result<bool> {
+fn check_on(s: &mut Conn<'_>, keys: &[String]) -> io::Result<bool> {
     s.write_all(&Request::new(CHECK).key_list(keys).0)?;
     match read_array::<1>(s)? {
         [READY] => Ok(true),

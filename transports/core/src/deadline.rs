@@ -38,7 +38,9 @@ pub struct Deadlined<'a, S: TimedStream> {
 }
 
 impl<S: TimedStream> Deadlined<'_, S> {
-    fn arm(&self) -> io::Result<()> {
+    /// Sets the socket's timeouts to what is left of the deadline (for calls made on the
+    /// socket directly, such as `sendmsg`), or fails with `TimedOut` when nothing is left.
+    pub fn arm(&self) -> io::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(

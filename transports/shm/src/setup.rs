@@ -198,11 +198,6 @@ pub fn authenticate(
     } else {
         auth::server_handshake(&mut d, secret, &ctx, |_| Ok(hello.to_vec()))?
     };
-    // The exchange that follows keeps a timeout per call, as before.
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| TransportError::io("shm: set timeout", e))?;
-    s.set_write_timeout(Some(timeout))
-        .map_err(|e| TransportError::io("shm: set timeout", e))?;
     let peer = theirs
         .get(..4)
         .and_then(|b| b.try_into().ok())
@@ -233,8 +228,14 @@ pub fn exchange(
     bell: BorrowedFd<'_>,
     area: BorrowedFd<'_>,
     peer: Rank,
+    deadline: Instant,
 ) -> Result<Exchanged> {
     let ctx = |w: &str| format!("shm: {w} with rank {peer}");
+    // Every call below ends by `deadline`, however slowly the peer answers.
+    let mut s = oxccl_transport::deadline::Deadlined {
+        stream: s,
+        deadline,
+    };
     // A random value the peer will try to read from this process: finding it proves the peer
     // reached this very process.
     let nonce = oxccl_transport::auth::random_bytes()?;
@@ -247,19 +248,33 @@ pub fn exchange(
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
     anc.push(SendAncillaryMessage::ScmRights(&fds));
-    rustix::net::sendmsg(&*s, &[IoSlice::new(&msg)], &mut anc, SendFlags::empty())
-        .map_err(|e| TransportError::io(ctx("send the segment"), e.into()))?;
+    s.arm()
+        .and_then(|()| {
+            rustix::net::sendmsg(
+                &*s.stream,
+                &[IoSlice::new(&msg)],
+                &mut anc,
+                SendFlags::empty(),
+            )
+            .map_err(Into::into)
+        })
+        .map_err(|e| TransportError::io(ctx("send the segment"), e))?;
 
     let mut buf = [0u8; 20];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let got = rustix::net::recvmsg(
-        &*s,
-        &mut [IoSliceMut::new(&mut buf)],
-        &mut anc,
-        RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(|e| TransportError::io(ctx("receive the segment"), e.into()))?;
+    let got = s
+        .arm()
+        .and_then(|()| {
+            rustix::net::recvmsg(
+                &*s.stream,
+                &mut [IoSliceMut::new(&mut buf)],
+                &mut anc,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+            .map_err(Into::into)
+        })
+        .map_err(|e| TransportError::io(ctx("receive the segment"), e))?;
     let mut received: Vec<OwnedFd> = Vec::new();
     for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
@@ -276,7 +291,8 @@ pub fn exchange(
         u64::from_le_bytes(buf[4..12].try_into().expect("8 bytes")),
         u64::from_le_bytes(buf[12..20].try_into().expect("8 bytes")),
     );
-    let cred = peer_credentials(s).map_err(|e| TransportError::io(ctx("read credentials"), e))?;
+    let cred =
+        peer_credentials(s.stream).map_err(|e| TransportError::io(ctx("read credentials"), e))?;
     let process = match hold_peer(cred.pid) {
         Ok(p) => Some(Arc::new(p)),
         Err(why) => {
@@ -338,6 +354,27 @@ mod tests {
             assert_eq!(cred.uid, rustix::process::getuid().as_raw());
             assert_eq!(cred.gid, rustix::process::getgid().as_raw());
         }
+    }
+
+    #[test]
+    fn the_hand_over_ends_by_its_deadline() {
+        use std::os::fd::AsFd;
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // The peer takes our descriptors but never sends its own (nor anything else).
+        let start = Instant::now();
+        let r = exchange(
+            &mut a,
+            null.as_fd(),
+            null.as_fd(),
+            null.as_fd(),
+            1,
+            Instant::now() + std::time::Duration::from_millis(300),
+        );
+        let took = start.elapsed();
+        assert!(r.is_err());
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        drop(b);
     }
 
     #[test]

@@ -116,7 +116,12 @@ impl ShmTransport {
     }
 
     /// Connects one authenticated socket to `peer` and builds the link.
-    fn link(&self, mut sock: std::os::unix::net::UnixStream, peer: Rank) -> Result<ShmLink> {
+    fn link(
+        &self,
+        mut sock: std::os::unix::net::UnixStream,
+        peer: Rank,
+        deadline: Instant,
+    ) -> Result<ShmLink> {
         let cfg = &self.cfg;
         let inbound = RingMem::create(cfg.slots, cfg.max_message)
             .map_err(|e| TransportError::io(format!("shm: create the ring from rank {peer}"), e))?;
@@ -130,6 +135,7 @@ impl ShmTransport {
             self.bell.as_fd(),
             mine.fd().as_fd(),
             peer,
+            deadline,
         )?;
         let area = AreaSegment::open(ex.area).map_err(|e| TransportError::Protocol {
             peer,
@@ -241,7 +247,7 @@ impl Transport for ShmTransport {
                 Some(p.rank),
                 handshake,
             )?;
-            links[i] = Some(self.link(s, p.rank)?);
+            links[i] = Some(self.link(s, p.rank, Instant::now() + handshake)?);
         }
         let mut missing: Vec<Rank> = peers
             .iter()
@@ -286,7 +292,7 @@ impl Transport for ShmTransport {
                     .iter()
                     .position(|p| p.rank == peer)
                     .expect("expected peer");
-                links[i] = Some(self.link(s, peer)?);
+                links[i] = Some(self.link(s, peer, Instant::now() + handshake)?);
             }
         }
         self.listener = None;

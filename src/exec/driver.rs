@@ -43,6 +43,7 @@ use super::progress::{Action, Progress};
 use crate::algo::{Buffer, Op, Plan, Region};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
+use crate::reduce::shared::Shared;
 use crate::trace::Recorder;
 use crate::tune::Way;
 use crate::types::{DataType, Rank};
@@ -832,12 +833,12 @@ impl Engine {
                     };
                     let dtype = self.dtype();
                     let (d, s) = (self.region(dst)?, self.region(src)?);
-                    let msg_region = Region::new(Buffer::Scratch, usize::MAX / 2, *len);
-                    // SAFETY: `ptr..ptr+len` is the link's lent memory, valid until release;
-                    // dst and src lie in their buffers and are equal or disjoint; the message
-                    // memory is the transport's and overlaps neither.
+                    // SAFETY: `ptr..ptr+len` is the link's lent memory, valid until release
+                    // (shared memory a peer may write, for shm: read through copies only); dst
+                    // and src lie in their buffers and are equal or disjoint; the message memory
+                    // is the transport's and overlaps neither.
                     let r =
-                        unsafe { combine(d, s, *ptr as *mut u8, dst, src, msg_region, dtype, op) };
+                        unsafe { combine_lent(d, s, Shared::new(*ptr, *len), dst, src, dtype, op) };
                     if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) {
                         link.release(token);
                     }
@@ -1006,6 +1007,50 @@ impl Engine {
         }
         for l in self.links.iter_mut() {
             *l = None;
+        }
+    }
+}
+
+/// `dst = a ⊕ msg`, `msg` a lent message in the transport's memory (see [`combine`]).
+///
+/// # Safety
+///
+/// `d` and `a` valid for their regions' lengths, equal or disjoint, and disjoint from `msg`.
+unsafe fn combine_lent(
+    d: *mut u8,
+    a: *mut u8,
+    msg: Shared<'_>,
+    dst: Region,
+    ra: Region,
+    dtype: DataType,
+    op: crate::types::ReduceOp,
+) -> Result<()> {
+    let len = dst.len;
+    if ra.len != len || msg.len() != len {
+        return Err(Error::InvalidArgument(format!(
+            "reduce operands differ in length ({len}, {}, {})",
+            ra.len,
+            msg.len()
+        )));
+    }
+    // SAFETY: the caller guarantees validity; in place only `d` is formed, else `d` and `a`
+    // are disjoint.
+    unsafe {
+        if std::ptr::eq(d, a) {
+            cpu::reduce_bytes(
+                std::slice::from_raw_parts_mut(d, len),
+                msg.folded(),
+                dtype,
+                op,
+            )
+        } else {
+            cpu::reduce_into_bytes(
+                std::slice::from_raw_parts_mut(d, len),
+                std::slice::from_raw_parts(a, len),
+                msg.folded(),
+                dtype,
+                op,
+            )
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::types::{DataType, ReduceOp};
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub(crate) mod shared;
 pub mod stream;
 
 /// The CPU kernels as the simulator's [`Arithmetic`]: lets [`crate::algo::sim`] run schedules on

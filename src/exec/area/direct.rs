@@ -78,10 +78,10 @@ impl AreaPath {
         let mut everyone = true;
         let len = plan.count * plan.dtype.size();
         self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), len, |_, data| {
-            let mut a = [0u8; 24];
             // SAFETY: every publication of this turn carries 24 bytes (the descriptors
-            // matched, so every rank took this path).
-            unsafe { std::ptr::copy_nonoverlapping(data, a.as_mut_ptr(), 24) };
+            // matched, so every rank took this path), in area memory its owner may write: read
+            // once, as a copy.
+            let a: [u8; 24] = unsafe { oxccl_transport::shared::read(data.cast()) };
             let word = |i: usize| {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&a[i * 8..i * 8 + 8]);

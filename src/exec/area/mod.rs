@@ -248,8 +248,9 @@ impl AreaPath {
                 w.until(|| self.area.observe(r, turn).ok().flatten().ok_or(r))?
             };
             if p.tag != tag || p.len != len {
-                // SAFETY: published with the stamp observed; unchanged until `turn + 1`.
-                let theirs = Descriptor::decode(&unsafe { p.desc.read() })
+                // SAFETY: published with the stamp observed, in area memory: read once, as a
+                // copy (any bytes are a valid array).
+                let theirs = Descriptor::decode(&unsafe { oxccl_transport::shared::read(p.desc) })
                     .map_or("something unreadable".into(), |d| d.to_string());
                 let e = Error::Mismatch {
                     rank: self.rank,

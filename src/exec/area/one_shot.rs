@@ -5,6 +5,7 @@ use super::{AreaPath, Waiter};
 use crate::algo::Plan;
 use crate::error::Result;
 use crate::reduce::cpu;
+use crate::reduce::shared::Shared;
 use crate::types::ReduceOp;
 
 impl AreaPath {
@@ -19,18 +20,18 @@ impl AreaPath {
         let bytes = plan.count * plan.dtype.size();
         self.exchange(w, turn, (input.0, bytes), bytes, |r, published| {
             // SAFETY: `output` holds `bytes` writable bytes; the published buffer holds `bytes`
-            // readable bytes that stay unchanged until this rank publishes `turn + 1`; they never
-            // overlap (area memory is not the caller's).
+            // readable bytes (area memory, mapped while the area lives, never the caller's),
+            // which its owner leaves alone until this rank publishes `turn + 1`.
             let (out, data) = unsafe {
                 (
                     std::slice::from_raw_parts_mut(output.0, bytes),
-                    std::slice::from_raw_parts(published, bytes),
+                    Shared::new(published, bytes),
                 )
             };
             if r == 0 {
-                out.copy_from_slice(data);
+                data.copy_to(out);
             } else {
-                cpu::reduce_bytes(out, data, plan.dtype, plan.op.combiner())?;
+                cpu::reduce_bytes(out, data.folded(), plan.dtype, plan.op.combiner())?;
             }
             Ok(())
         })?;

@@ -12,7 +12,8 @@ use super::two_shot::{FOLD_BYTES, STAGED_STREAM_MIN};
 use super::{AreaPath, Blocks, Waiter};
 use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
-use crate::reduce::{cpu, stream};
+use crate::reduce::cpu;
+use crate::reduce::shared::Shared;
 use crate::types::ReduceOp;
 
 impl AreaPath {
@@ -133,17 +134,18 @@ impl AreaPath {
             }
             // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
             // already published (copied into the area), so nothing reads it any more. `data`
-            // is area memory, disjoint, unchanged until this rank publishes `turn + 1`.
+            // is area memory (mapped while the area lives), disjoint, left alone by its owner
+            // until this rank publishes `turn + 1`.
             let (out, data) = unsafe {
                 (
                     std::slice::from_raw_parts_mut(b.dst.add(at), len),
-                    std::slice::from_raw_parts(data, len),
+                    Shared::new(data, len),
                 )
             };
             if r == 0 {
-                out.copy_from_slice(data);
+                data.copy_to(out);
             } else {
-                cpu::reduce_bytes(out, data, plan.dtype, plan.op.combiner())?;
+                cpu::reduce_bytes(out, data.folded(), plan.dtype, plan.op.combiner())?;
             }
             Ok(())
         })?;
@@ -200,13 +202,13 @@ impl AreaPath {
             let src = b.src.wrapping_add(me * b.block + at + f);
             let mut peers = (0..n)
                 .filter(|&q| q != me)
-                // SAFETY: peers' buffers hold their copy of our block's piece, unchanged
-                // until they publish `turn + 1`.
-                .map(|q| unsafe { std::slice::from_raw_parts(all[q].add(me * len + f), l) });
+                // SAFETY: peers' buffers (area memory, mapped while the area lives) hold their
+                // copy of our block's piece, left alone until they publish `turn + 1`.
+                .map(|q| unsafe { Shared::new(all[q].add(me * len + f), l) });
             match (b.in_place, peers.next()) {
                 (true, first) => {
                     for theirs in first.into_iter().chain(peers) {
-                        cpu::reduce_bytes(out, theirs, plan.dtype, plan.op.combiner())?;
+                        cpu::reduce_bytes(out, theirs.folded(), plan.dtype, plan.op.combiner())?;
                     }
                 }
                 (false, first) => {
@@ -217,12 +219,17 @@ impl AreaPath {
                             cpu::reduce_into_bytes(
                                 out,
                                 own,
-                                theirs,
+                                theirs.folded(),
                                 plan.dtype,
                                 plan.op.combiner(),
                             )?;
                             for theirs in peers {
-                                cpu::reduce_bytes(out, theirs, plan.dtype, plan.op.combiner())?;
+                                cpu::reduce_bytes(
+                                    out,
+                                    theirs.folded(),
+                                    plan.dtype,
+                                    plan.op.combiner(),
+                                )?;
                             }
                         }
                         None => out.copy_from_slice(own),
@@ -240,22 +247,23 @@ impl AreaPath {
 
 /// Copies `len` bytes (from area memory, or the root's input) to the caller's output, with
 /// non-temporal stores when the whole output (`total` bytes) is too large to stay in cache.
+/// The source is read as shared memory: area memory may be written by its owner.
 ///
 /// # Safety
 ///
-/// `from` readable and `to` writable for `len` bytes, not overlapping, nobody else writing
-/// either meanwhile.
+/// `from` readable and `to` writable for `len` bytes, not overlapping, nobody else in this
+/// process writing `to` meanwhile.
 unsafe fn copy_out(from: *const u8, to: *mut u8, len: usize, total: usize) {
     // SAFETY: forwarded from the caller.
     let (to, from) = unsafe {
         (
             std::slice::from_raw_parts_mut(to, len),
-            std::slice::from_raw_parts(from, len),
+            Shared::new(from, len),
         )
     };
     if total >= STAGED_STREAM_MIN {
-        stream::copy_streaming(to, from);
+        from.copy_streaming_to(to);
     } else {
-        to.copy_from_slice(from);
+        from.copy_to(to);
     }
 }

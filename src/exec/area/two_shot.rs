@@ -4,7 +4,8 @@
 use super::{AreaPath, Waiter, slicer};
 use crate::algo::Plan;
 use crate::error::Result;
-use crate::reduce::{cpu, stream};
+use crate::reduce::cpu;
+use crate::reduce::shared::Shared;
 use crate::types::ReduceOp;
 
 /// Bytes reduced before the result is copied out (it is still in L1 then).
@@ -47,17 +48,18 @@ impl AreaPath {
         let stream = !in_place && plan.count * size >= STAGED_STREAM_MIN;
         let copy_out = |at: usize, from: *const u8, len: usize| {
             // SAFETY: `output` holds `bytes` bytes and this range is ours to write (`input`, if
-            // the same memory, is done being read there); `from` is area memory, disjoint.
+            // the same memory, is done being read there); `from` is area memory, disjoint,
+            // mapped while the area lives.
             let (out, from) = unsafe {
                 (
                     std::slice::from_raw_parts_mut(output.add(at), len),
-                    std::slice::from_raw_parts(from, len),
+                    Shared::new(from, len),
                 )
             };
             if stream {
-                stream::copy_streaming(out, from);
+                from.copy_streaming_to(out);
             } else {
-                out.copy_from_slice(from);
+                from.copy_to(out);
             }
         };
         // Our slice, a few KiB at a time: fold into our buffer, then copy to our output.
@@ -76,13 +78,19 @@ impl AreaPath {
             };
             let peers = all.iter().enumerate().filter(|&(q, _)| q != me);
             for (k, (_, &data)) in peers.enumerate() {
-                // SAFETY: peers' buffers hold their copies of this slice, unchanged until they
-                // publish `turn + 1`.
-                let theirs = unsafe { std::slice::from_raw_parts(data.add(at), len) };
+                // SAFETY: peers' buffers (area memory, mapped while the area lives) hold their
+                // copies of this slice, left alone until they publish `turn + 1`.
+                let theirs = unsafe { Shared::new(data.add(at), len) };
                 if k == 0 {
-                    cpu::reduce_into_bytes(res, a, theirs, plan.dtype, plan.op.combiner())?;
+                    cpu::reduce_into_bytes(
+                        res,
+                        a,
+                        theirs.folded(),
+                        plan.dtype,
+                        plan.op.combiner(),
+                    )?;
                 } else {
-                    cpu::reduce_bytes(res, theirs, plan.dtype, plan.op.combiner())?;
+                    cpu::reduce_bytes(res, theirs.folded(), plan.dtype, plan.op.combiner())?;
                 }
             }
             if plan.op == ReduceOp::Avg {

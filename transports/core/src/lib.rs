@@ -35,6 +35,7 @@ use std::time::Instant;
 pub mod auth;
 pub mod deadline;
 pub mod loopback;
+pub mod shared;
 
 /// A process's index in its communicator.
 pub type Rank = usize;

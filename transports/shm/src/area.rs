@@ -127,11 +127,14 @@ impl AreaSegment {
     /// A peer's area, checked before use.
     pub fn open(fd: OwnedFd) -> io::Result<AreaSegment> {
         let seg = Segment::map(fd)?;
-        // SAFETY: length checked first; the plain header fields were written before sharing.
+        // SAFETY: length checked first; the owner may still write the header, so its fields
+        // are read as copies.
         let ok = seg.len() >= area_len()
             && unsafe {
                 let h = seg.as_ptr().cast::<AreaHeader>();
-                (*h).magic == MAGIC && (*h).bytes == AREA_BYTES as u64
+                use oxccl_transport::shared::read;
+                read(&raw const (*h).magic) == MAGIC
+                    && read(&raw const (*h).bytes) == AREA_BYTES as u64
             };
         if !ok {
             return Err(io::Error::new(

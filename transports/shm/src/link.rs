@@ -58,6 +58,7 @@ struct SegmentHeader {
 
 /// A slot's description of its message.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct SlotHeader {
     len: u64,
     kind: u64,
@@ -110,11 +111,16 @@ impl RingMem {
                 "ring segment too small",
             ));
         }
-        // SAFETY: the mapping holds at least a header (checked); its plain fields were written
-        // by the creator before it handed the descriptor over.
+        // SAFETY: the mapping holds at least a header (checked); the creator may still write
+        // it, so each field is copied once and only the copies are checked and used.
         let (magic, slots, slot_bytes) = unsafe {
             let h = seg.as_ptr().cast::<SegmentHeader>();
-            ((*h).magic, (*h).slots as usize, (*h).slot_bytes as usize)
+            use oxccl_transport::shared::read;
+            (
+                read(&raw const (*h).magic),
+                read(&raw const (*h).slots) as usize,
+                read(&raw const (*h).slot_bytes) as usize,
+            )
         };
         let need = slots
             .checked_mul(slot_stride(slot_bytes))
@@ -333,11 +339,12 @@ impl ShmLink {
             let Some(i) = self.consumer.peek(self.inbound.ring()) else {
                 break;
             };
-            // SAFETY: the ring protocol gives the consumer slot i (published, not released).
-            let (len, kind, addr) = unsafe {
-                let h = self.inbound.slot_header(i);
-                ((*h).len as usize, (*h).kind, (*h).addr as usize)
-            };
+            // SAFETY: the ring protocol gives the consumer slot i (published, not released);
+            // the sender can still write it, so the header is copied once and only the copy
+            // is checked and used.
+            let SlotHeader { len, kind, addr } =
+                unsafe { oxccl_transport::shared::read(self.inbound.slot_header(i)) };
+            let (len, addr) = (len as usize, addr as usize);
             if len != into.len() || len > self.inbound.slot_bytes {
                 return Err(self.protocol(format!(
                     "message of {len} bytes where the posted receive expects {}",
@@ -347,9 +354,10 @@ impl ShmLink {
             let payload = self.inbound.payload(i);
             match (kind, into) {
                 (KIND_INLINE, RecvInto::Memory(buf)) => {
-                    // SAFETY: the slot holds `len` published bytes; the receive's memory is the
-                    // caller's until it completes (post_recv's contract).
-                    unsafe { std::ptr::copy_nonoverlapping(payload, buf.ptr(), len) };
+                    // SAFETY: the slot holds `len` published bytes (copied as memory the sender
+                    // may write); the receive's memory is the caller's until it completes
+                    // (post_recv's contract).
+                    unsafe { oxccl_transport::shared::copy(buf.ptr(), payload, len) };
                     self.free_slot();
                     out.push(Completion::Received(token));
                 }

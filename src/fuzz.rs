@@ -231,6 +231,82 @@ mod tests {
         });
     }
 
+    /// The TCP link's receive side on the bytes a peer sent: frames of every kind and length,
+    /// cut at random places, against receives posted in memory and lent. A frame whose
+    /// length exceeds the limit, an unknown kind or a length that disagrees with the posted
+    /// receive must be an error, never a panic or an allocation beyond the limits.
+    #[test]
+    fn tcp_inbox_parsing() {
+        use oxccl_transport_tcp::fuzzing::InboxProbe;
+        use oxccl_transport_tcp::wire::{KIND_CONTROL, KIND_DATA};
+        const MAX_MESSAGE: usize = 512;
+        let frame = |kind: u32, len: usize| {
+            let mut f = FrameHeader {
+                len: len as u32,
+                kind,
+            }
+            .encode()
+            .to_vec();
+            f.extend((0..len).map(|i| i as u8));
+            f
+        };
+        let seeds = vec![
+            [
+                frame(KIND_DATA, 16),
+                frame(KIND_DATA, 512),
+                frame(KIND_CONTROL, 5),
+            ]
+            .concat(),
+            [
+                frame(KIND_CONTROL, 0),
+                frame(KIND_DATA, 100),
+                frame(KIND_DATA, 16),
+            ]
+            .concat(),
+            frame(KIND_DATA, 513),
+            frame(7, 0),
+        ];
+        // The seeds parse cleanly against matching receives: the probe is not a no-op.
+        let mut probe = InboxProbe::new(MAX_MESSAGE, 4096).unwrap();
+        let posts = [(16, false), (512, true), (100, false)];
+        assert_eq!(probe.feed(&seeds[0], &posts[..2], 64), Ok(3));
+        assert!(probe.feed(&seeds[2], &posts, 64).is_err(), "over the limit");
+        assert!(probe.feed(&seeds[3], &posts, 64).is_err(), "unknown kind");
+        let mut round = 0u64;
+        run("tcp inbox", &seeds, |b| {
+            round += 1;
+            // Receive shapes and read sizes vary with the round, deterministically.
+            let posts = match round % 4 {
+                0 => &[(16, false), (512, true), (100, false)][..],
+                1 => &[(100, true), (16, true)][..],
+                2 => &[(512, false), (0, false)][..],
+                _ => &[][..],
+            };
+            let chunk = [1, 7, 64, 4096][(round / 4 % 4) as usize];
+            let _ = std::hint::black_box(probe.feed(b, posts, chunk));
+        });
+    }
+
+    /// The shm transport's two decoders of what a peer sent over its socket: the rank in its
+    /// authenticated hello, and the segment hand-over (the descriptors are counted apart).
+    #[test]
+    fn shm_hello_and_hand_over_decoding() {
+        use oxccl_transport_shm::{decode_hand_over, decode_hello};
+        let mut hand_over = 0x4F58_4644u32.to_le_bytes().to_vec();
+        hand_over.extend(0x7fff_1234_5678u64.to_le_bytes());
+        hand_over.extend(42u64.to_le_bytes());
+        assert_eq!(
+            decode_hand_over(&hand_over, 3),
+            Some((0x7fff_1234_5678, 42))
+        );
+        assert_eq!(decode_hand_over(&hand_over, 2), None);
+        assert_eq!(decode_hello(&5u32.to_le_bytes()), Some(5));
+        let seeds = vec![hand_over, 5u32.to_le_bytes().to_vec()];
+        run("shm hello and hand-over", &seeds, |b| {
+            std::hint::black_box((decode_hello(b), decode_hand_over(b, 3)));
+        });
+    }
+
     /// Bytes from a peer, and a sink for what we answer.
     struct Wire<'a> {
         input: &'a [u8],

@@ -271,16 +271,7 @@ impl Store for TorchStore {
         let req = req.u32(nonce);
         let what = || format!("set {key:?}");
         let reply_by = Instant::now() + self.timeout;
-        self.request(&what, "", reply_by, |s| {
-            s.write_all(&req.0)?;
-            let echo = u32::from_le_bytes(read_array::<4>(s)?);
-            if echo != nonce {
-                return Err(bad_data(format!(
-                    "the ping after the set answered {echo:#x} instead of {nonce:#x}"
-                )));
-            }
-            Ok(())
-        })
+        self.request(&what, "", reply_by, |s| set_on(s, &req.0, nonce))
     }
 
     fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
@@ -288,14 +279,7 @@ impl Store for TorchStore {
         let what = || format!("get {key:?}");
         let start = Instant::now();
         let waited = self.request(&what, "", deadline.max(start), |s| {
-            match wait_on(s, std::slice::from_ref(&wire), deadline)? {
-                Waited::Missing(k) => Ok(Err(k)),
-                Waited::Done => {
-                    s.deadline = Instant::now() + ANSWER_MARGIN;
-                    s.write_all(&Request::new(GET).string(&wire).0)?;
-                    Ok(Ok(read_vec(s, MAX_FRAME, "value")?))
-                }
-            }
+            get_on(s, &wire, deadline)
         })?;
         waited.map_err(|k| {
             not_set(
@@ -313,8 +297,7 @@ impl Store for TorchStore {
         let hint = " (the server drops the connection when the key's value is not a decimal \
                     counter)";
         self.request(&what, hint, Instant::now() + self.timeout, |s| {
-            s.write_all(&req.0)?;
-            Ok(i64::from_le_bytes(read_array::<8>(s)?))
+            add_on(s, &req.0)
         })
     }
 
@@ -351,6 +334,53 @@ impl Store for TorchStore {
 
 /// A pooled connection during one request: every read and write ends by its deadline.
 type Conn<'a> = Deadlined<'a, TcpStream>;
+
+/// A request's conversation with the server: reads and writes end by a deadline that the
+/// request may move (a wait's, then a short one for what follows).
+trait Conversation: Read + Write {
+    fn set_deadline(&mut self, deadline: Instant);
+}
+
+impl Conversation for Conn<'_> {
+    fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+}
+
+/// A SET with a PING behind it (`req`): the echo of `nonce` says the server applied it.
+fn set_on(s: &mut impl Conversation, req: &[u8], nonce: u32) -> io::Result<()> {
+    s.write_all(req)?;
+    let echo = u32::from_le_bytes(read_array::<4>(s)?);
+    if echo != nonce {
+        return Err(bad_data(format!(
+            "the ping after the set answered {echo:#x} instead of {nonce:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// A GET of `wire` (a key in wire form) once a WAIT for it returns by `deadline`: the value,
+/// or the key still missing then.
+fn get_on(
+    s: &mut impl Conversation,
+    wire: &str,
+    deadline: Instant,
+) -> io::Result<std::result::Result<Vec<u8>, String>> {
+    match wait_on(s, std::slice::from_ref(&wire.to_owned()), deadline)? {
+        Waited::Missing(k) => Ok(Err(k)),
+        Waited::Done => {
+            s.set_deadline(Instant::now() + ANSWER_MARGIN);
+            s.write_all(&Request::new(GET).string(wire).0)?;
+            Ok(Ok(read_vec(s, MAX_FRAME, "value")?))
+        }
+    }
+}
+
+/// An ADD (`req`) and the counter's new value.
+fn add_on(s: &mut impl Conversation, req: &[u8]) -> io::Result<i64> {
+    s.write_all(req)?;
+    Ok(i64::from_le_bytes(read_array::<8>(s)?))
+}
 
 /// A request under construction.
 struct Request(Vec<u8>);
@@ -394,11 +424,11 @@ impl Request {
 /// Sends a WAIT for `keys` (in wire form) and reads its answer until `deadline`; past it,
 /// cancels the wait and finds a key that is still missing. Leaves the connection clean either
 /// way.
-fn wait_on(s: &mut Conn<'_>, keys: &[String], deadline: Instant) -> io::Result<Waited> {
+fn wait_on(s: &mut impl Conversation, keys: &[String], deadline: Instant) -> io::Result<Waited> {
     // Sending is not waiting: even a wait already past its deadline is sent (and cancelled).
-    s.deadline = Instant::now() + ANSWER_MARGIN;
+    s.set_deadline(Instant::now() + ANSWER_MARGIN);
     s.write_all(&Request::new(WAIT).key_list(keys).0)?;
-    s.deadline = deadline;
+    s.set_deadline(deadline);
     match read_array::<1>(s) {
         Ok([STOP_WAITING]) => return Ok(Waited::Done),
         Ok([b]) => return Err(bad_data(format!("answered a wait with {b}"))),
@@ -410,7 +440,7 @@ fn wait_on(s: &mut Conn<'_>, keys: &[String], deadline: Instant) -> io::Result<W
             ) => {}
         Err(e) => return Err(e),
     }
-    s.deadline = Instant::now() + ANSWER_MARGIN;
+    s.set_deadline(Instant::now() + ANSWER_MARGIN);
     s.write_all(&[CANCEL_WAIT])?;
     match read_array::<1>(s)? {
         [WAIT_CANCELED] => {}
@@ -437,7 +467,7 @@ fn wait_on(s: &mut Conn<'_>, keys: &[String], deadline: Instant) -> io::Result<W
 }
 
 /// A CHECK of `keys` (in wire form) on a connection.
-fn check_on(s: &mut Conn<'_>, keys: &[String]) -> io::Result<bool> {
+fn check_on(s: &mut impl Conversation, keys: &[String]) -> io::Result<bool> {
     s.write_all(&Request::new(CHECK).key_list(keys).0)?;
     match read_array::<1>(s)? {
         [READY] => Ok(true),
@@ -537,5 +567,63 @@ mod tests {
             read_vec(&mut ok.as_slice(), MAX_FRAME, "v").unwrap(),
             b"abc"
         );
+    }
+
+    /// The server's bytes, and a sink for what the client sends.
+    struct Wire<'a>(&'a [u8]);
+
+    impl Read for Wire<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    impl Write for Wire<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Conversation for Wire<'_> {
+        fn set_deadline(&mut self, _: Instant) {}
+    }
+
+    /// Every reader of the server's answers (set, get, add, wait, check), on a million
+    /// generated answers each round: errors, never panics or allocations a length field asked
+    /// for before the bytes came.
+    #[test]
+    fn answers_are_fuzzed() {
+        let value = |v: &[u8]| {
+            let mut a = vec![STOP_WAITING];
+            a.extend((v.len() as u64).to_le_bytes());
+            a.extend_from_slice(v);
+            a
+        };
+        let seeds = vec![
+            value(b"hello"),
+            value(&[7; 300]),
+            vec![WAIT_CANCELED, READY],
+            vec![STOP_WAITING, WAIT_CANCELED, NOT_READY, READY],
+            42i64.to_le_bytes().to_vec(),
+            0x1234_5678u32.to_le_bytes().to_vec(),
+        ];
+        // A well-formed answer reads as such: the readers are really exercised.
+        let past = Instant::now();
+        assert_eq!(
+            get_on(&mut Wire(&seeds[0]), "/k", past).unwrap(),
+            Ok(b"hello".to_vec())
+        );
+        assert_eq!(add_on(&mut Wire(&seeds[4]), b"").unwrap(), 42);
+        let keys: Vec<String> = ["/a", "/b"].iter().map(|k| k.to_string()).collect();
+        crate::fuzz::run("torch store answers", &seeds, |b| {
+            let _ = std::hint::black_box(get_on(&mut Wire(b), "/k", past));
+            let _ = std::hint::black_box(add_on(&mut Wire(b), b""));
+            let _ = std::hint::black_box(set_on(&mut Wire(b), b"", 0x1234_5678));
+            let _ = std::hint::black_box(wait_on(&mut Wire(b), &keys, past));
+            let _ = std::hint::black_box(check_on(&mut Wire(b), &keys));
+        });
     }
 }

@@ -24,4 +24,6 @@ mod setup;
 pub mod transport;
 
 pub use link::ShmLink;
+#[doc(hidden)]
+pub use setup::{decode_hand_over, decode_hello};
 pub use transport::{AreaSet, ShmConfig, ShmTransport};

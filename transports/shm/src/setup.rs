@@ -198,11 +198,8 @@ pub fn authenticate(
     } else {
         auth::server_handshake(&mut d, secret, &ctx, |_| Ok(hello.to_vec()))?
     };
-    let peer = theirs
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(|b| u32::from_le_bytes(b) as Rank)
-        .ok_or_else(|| TransportError::Auth("shm: malformed hello".into()))?;
+    let peer =
+        decode_hello(&theirs).ok_or_else(|| TransportError::Auth("shm: malformed hello".into()))?;
     if expect.is_some_and(|e| e != peer) {
         return Err(TransportError::Auth(format!(
             "shm: expected rank {expect:?}, met rank {peer}"
@@ -212,6 +209,24 @@ pub fn authenticate(
 }
 
 const FD_MAGIC: u32 = 0x4F58_4644; // "OXFD"
+
+/// The peer's rank from its authenticated hello (its first 4 bytes).
+pub fn decode_hello(hello: &[u8]) -> Option<Rank> {
+    let b: [u8; 4] = hello.get(..4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(b) as Rank)
+}
+
+/// The peer's segment hand-over — magic, the address of its probe, the probe's value — with
+/// `fds` descriptors beside it: `(address, value)`, or `None` unless it is exactly 20 bytes
+/// with the magic and three descriptors.
+pub fn decode_hand_over(msg: &[u8], fds: usize) -> Option<(u64, u64)> {
+    let msg: &[u8; 20] = msg.try_into().ok()?;
+    if msg[..4] != FD_MAGIC.to_le_bytes() || fds != 3 {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
+    Some((word(4), word(12)))
+}
 
 /// Hands over this side's incoming segment, doorbell and area, receives the peer's, and probes
 /// in both directions whether memory can be read directly.
@@ -281,16 +296,13 @@ pub fn exchange(
             received.extend(fds);
         }
     }
-    if got.bytes != buf.len() || buf[..4] != FD_MAGIC.to_le_bytes() || received.len() != 3 {
+    let Some((addr, want)) = decode_hand_over(&buf[..got.bytes.min(buf.len())], received.len())
+    else {
         return Err(TransportError::Protocol {
             peer,
             what: "malformed segment hand-over".into(),
         });
-    }
-    let (addr, want) = (
-        u64::from_le_bytes(buf[4..12].try_into().expect("8 bytes")),
-        u64::from_le_bytes(buf[12..20].try_into().expect("8 bytes")),
-    );
+    };
     let cred =
         peer_credentials(s.stream).map_err(|e| TransportError::io(ctx("read credentials"), e))?;
     let process = match hold_peer(cred.pid) {

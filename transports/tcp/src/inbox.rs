@@ -393,6 +393,42 @@ impl Inbox {
         Ok(Some((n, offered)))
     }
 
+    // ---- without a socket (fuzzing) ----
+
+    /// Back to a fresh inbox's state (same ring, same limit).
+    pub(crate) fn reset(&mut self) {
+        self.wr = 0;
+        self.scan = 0;
+        self.frames.clear();
+        self.recvs.clear();
+        self.direct = None;
+        self.lent = None;
+        self.eof = false;
+        self.drained = false;
+        self.discard = false;
+    }
+
+    /// As if a read had returned `bytes` (as many as a read into the ring would take now):
+    /// parses and completes what they allow. Returns the bytes taken; `None` once a receive
+    /// waits to be read into directly (only a socket can go on from there).
+    pub(crate) fn deliver(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<Completion>,
+    ) -> Result<Option<usize>, Broken> {
+        if self.direct.is_some() {
+            return Ok(None);
+        }
+        let n = self.ring_room(self.free()).min(bytes.len());
+        // SAFETY: `n` bytes from `wr` are free ring space (as in `read`), and `bytes` is other
+        // memory.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ring.at(self.wr), n) };
+        self.wr += n as u64;
+        self.parse(out)?;
+        self.complete_recvs(out)?;
+        Ok(Some(n))
+    }
+
     // ---- frames ----
 
     /// Parses complete headers from `scan`: data frames queue for their receives, control frames

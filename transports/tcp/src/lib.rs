@@ -11,6 +11,8 @@
 //! This crate only moves bytes: it never reduces, never blocks in [`oxccl_transport::Link`]
 //! calls, and never trusts a length it read from the network before checking it.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod inbox;
 mod link;

@@ -1037,17 +1037,12 @@ unsafe fn combine_lent(
     // are disjoint.
     unsafe {
         if std::ptr::eq(d, a) {
-            cpu::reduce_bytes(
-                std::slice::from_raw_parts_mut(d, len),
-                msg.folded(),
-                dtype,
-                op,
-            )
+            cpu::reduce_shared(std::slice::from_raw_parts_mut(d, len), msg, dtype, op)
         } else {
-            cpu::reduce_into_bytes(
+            cpu::reduce_into_shared(
                 std::slice::from_raw_parts_mut(d, len),
                 std::slice::from_raw_parts(a, len),
-                msg.folded(),
+                msg,
                 dtype,
                 op,
             )

@@ -13,6 +13,11 @@
 //! Semantics are those of the arithmetic contract in [`crate::types`]. `Avg` combines as `Sum`;
 //! its division by the rank count is [`divide`], applied once to the fully reduced value.
 //!
+//! The source operand may also be memory another process may write (shared memory,
+//! [`reduce_shared`], [`reduce_into_shared`]): it is then never formed into a slice but read
+//! once per byte by volatile vector loads, a 64-byte piece at a time, and folded from
+//! registers — at the slice kernels' speed (same walks, same bodies).
+//!
 //! Byte-slice entry points accept any alignment: misaligned slices are processed through a small
 //! aligned bounce buffer (correct, somewhat slower). Transports hand out aligned memory, so the
 //! fast path is the common one.
@@ -23,6 +28,8 @@ use half::{bf16, f16};
 use crate::error::{Error, Result};
 use crate::float8::{F8E4M3, F8E5M2};
 use crate::types::{DataType, Element, ReduceOp};
+
+use super::shared::Shared;
 
 /// `dst[i] = dst[i] ⊕ src[i]` for every element.
 ///
@@ -143,6 +150,49 @@ fn check(dtype: DataType, op: ReduceOp, len: usize, others: &[usize]) -> Result<
     Ok(())
 }
 
+/// [`reduce_bytes`] with the source in memory another process may write (see
+/// [`super::shared`]): every source byte is read once, by a volatile load, fused into the
+/// fold.
+pub(crate) fn reduce_shared(
+    dst: &mut [u8],
+    src: Shared<'_>,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let src = Far::<u8>::of(src);
+    check(dtype, op, dst.len(), &[src.len()])?;
+    if aligned(dst, dtype) {
+        reduce_aligned(dst, src, dtype, op);
+    } else {
+        bounce(dst, |d, lo, hi| {
+            reduce_aligned(d, src.range(lo, hi - lo), dtype, op)
+        });
+    }
+    Ok(())
+}
+
+/// [`reduce_into_bytes`] with `b` in memory another process may write (see
+/// [`reduce_shared`]).
+pub(crate) fn reduce_into_shared(
+    out: &mut [u8],
+    a: &[u8],
+    b: Shared<'_>,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let b = Far::<u8>::of(b);
+    check(dtype, op, out.len(), &[a.len(), b.len()])?;
+    if aligned(out, dtype) && aligned(a, dtype) {
+        reduce_into_aligned(out, a, b, dtype, op);
+    } else {
+        bounce(out, |o, lo, hi| {
+            o.copy_from_slice(&a[lo..hi]);
+            reduce_aligned(o, b.range(lo, hi - lo), dtype, op)
+        });
+    }
+    Ok(())
+}
+
 fn aligned(bytes: &[u8], dtype: DataType) -> bool {
     bytes.as_ptr().align_offset(dtype.size()) == 0
 }
@@ -189,7 +239,7 @@ fn bounce(dst: &mut [u8], mut f: impl FnMut(&mut [u8], usize, usize)) {
 // wrappers, picked at run time. The compiler vectorises both; AVX2 doubles the vector width and
 // enables F16C half-float conversion, which is what makes `f16` fast.
 
-fn reduce_aligned(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
+fn reduce_aligned<B: Bytes>(dst: &mut [u8], src: B, dtype: DataType, op: ReduceOp) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: `has_avx2` has just confirmed that this CPU supports AVX2 and F16C, the
@@ -199,7 +249,7 @@ fn reduce_aligned(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
     reduce_aligned_impl(dst, src, dtype, op)
 }
 
-fn reduce_into_aligned(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: ReduceOp) {
+fn reduce_into_aligned<B: Bytes>(out: &mut [u8], a: &[u8], b: B, dtype: DataType, op: ReduceOp) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: as in `reduce_aligned`: AVX2 and F16C are present.
@@ -218,10 +268,10 @@ fn divide_aligned(dst: &mut [u8], dtype: DataType, by: usize) {
 }
 
 #[inline(always)]
-fn reduce_aligned_impl(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
+fn reduce_aligned_impl<B: Bytes>(dst: &mut [u8], src: B, dtype: DataType, op: ReduceOp) {
     macro_rules! go {
         ($t:ty, $k:ident) => {
-            $k::<$t>::reduce(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src), op)
+            $k::<$t>::reduce(bytemuck::cast_slice_mut(dst), src.typed::<$t>(), op)
         };
     }
     match dtype {
@@ -241,13 +291,19 @@ fn reduce_aligned_impl(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp
 }
 
 #[inline(always)]
-fn reduce_into_aligned_impl(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: ReduceOp) {
+fn reduce_into_aligned_impl<B: Bytes>(
+    out: &mut [u8],
+    a: &[u8],
+    b: B,
+    dtype: DataType,
+    op: ReduceOp,
+) {
     macro_rules! go {
         ($t:ty, $k:ident) => {
             $k::<$t>::reduce_into(
                 bytemuck::cast_slice_mut(out),
                 bytemuck::cast_slice(a),
-                bytemuck::cast_slice(b),
+                b.typed::<$t>(),
                 op,
             )
         };
@@ -288,6 +344,193 @@ fn divide_aligned_impl(dst: &mut [u8], dtype: DataType, by: usize) {
         DataType::BF16 => go!(bf16, Half),
         DataType::F8E4M3 => go!(F8E4M3, Eight),
         DataType::F8E5M2 => go!(F8E5M2, Eight),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources. The operand folded in (`src`, or `b` of `reduce_into`) is either this process's own
+// memory, read as a slice, or memory another process may write ([`Far`]), never formed into a
+// slice: each 64-byte piece is read once by volatile vector loads into registers and folded
+// from there, so the fold costs what the slice's does (no bounce through a buffer), and a
+// writer racing with it can change the values folded and nothing else.
+
+/// A fold's source operand: elements of `U`.
+trait Source<U: Copy>: Copy {
+    /// The elements as a slice, when this process may read them as one.
+    fn slice(&self) -> Option<&[U]>;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// Elements `at..at + len`.
+    fn range(self, at: usize, len: usize) -> Self;
+    /// Elements `i·N..(i+1)·N` (one [`PIECE_BYTES`] piece), each read once.
+    fn piece<const N: usize>(&self, i: usize) -> [U; N];
+    /// The first `out.len()` elements, each read once.
+    fn read_into(&self, out: &mut [U]);
+    /// Hints that piece `i` (of `N` elements) will be read soon (see [`prefetch`]).
+    fn prefetch_piece<const N: usize>(&self, i: usize);
+}
+
+impl<U: Copy> Source<U> for &[U] {
+    #[inline(always)]
+    fn slice(&self) -> Option<&[U]> {
+        Some(self)
+    }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        <[U]>::len(self)
+    }
+
+    #[inline(always)]
+    fn range(self, at: usize, len: usize) -> Self {
+        &self[at..at + len]
+    }
+
+    #[inline(always)]
+    fn piece<const N: usize>(&self, i: usize) -> [U; N] {
+        self[i * N..(i + 1) * N].try_into().expect("N elements")
+    }
+
+    #[inline(always)]
+    fn read_into(&self, out: &mut [U]) {
+        out.copy_from_slice(&self[..out.len()]);
+    }
+
+    #[inline(always)]
+    fn prefetch_piece<const N: usize>(&self, i: usize) {
+        prefetch(self.as_ptr().wrapping_add(i * N));
+    }
+}
+
+/// Elements of `U` in memory another process may write (any alignment), readable for `'a`.
+#[derive(Debug)]
+pub(crate) struct Far<'a, U> {
+    ptr: *const u8,
+    len: usize,
+    _memory: std::marker::PhantomData<&'a [U]>,
+}
+
+impl<U> Clone for Far<'_, U> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<U> Copy for Far<'_, U> {}
+
+/// A `T` at any alignment, for volatile loads.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct Packed<T: Copy>(T);
+
+impl<'a> Far<'a, u8> {
+    fn of(s: Shared<'a>) -> Far<'a, u8> {
+        let (ptr, len) = s.raw();
+        Far {
+            ptr,
+            len,
+            _memory: std::marker::PhantomData,
+        }
+    }
+
+    /// The same bytes as elements of `T` (whole elements only; callers checked the length).
+    #[inline(always)]
+    fn cast<T>(self) -> Far<'a, T> {
+        Far {
+            ptr: self.ptr,
+            len: self.len / size_of::<T>(),
+            _memory: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<U: bytemuck::Pod> Source<U> for Far<'_, U> {
+    #[inline(always)]
+    fn slice(&self) -> Option<&[U]> {
+        None
+    }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    fn range(self, at: usize, len: usize) -> Self {
+        assert!(at.checked_add(len).is_some_and(|e| e <= self.len));
+        Far {
+            // SAFETY: in bounds of the memory `self` covers (asserted).
+            ptr: unsafe { self.ptr.add(at * size_of::<U>()) },
+            len,
+            _memory: std::marker::PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn piece<const N: usize>(&self, i: usize) -> [U; N] {
+        debug_assert!(N * size_of::<U>() == PIECE_BYTES && (i + 1) * N <= self.len);
+        // SAFETY: the piece lies inside the memory `self` covers (callers walk whole pieces
+        // below `len`), readable for `'a`; `Packed` has alignment 1, so any address is aligned
+        // for it; every bit pattern is a valid `U` (`Pod`).
+        unsafe {
+            let p = self.ptr.add(i * PIECE_BYTES);
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::__m128i;
+                let v = [
+                    std::ptr::read_volatile(p.cast::<Packed<__m128i>>()),
+                    std::ptr::read_volatile(p.add(16).cast::<Packed<__m128i>>()),
+                    std::ptr::read_volatile(p.add(32).cast::<Packed<__m128i>>()),
+                    std::ptr::read_volatile(p.add(48).cast::<Packed<__m128i>>()),
+                ];
+                std::mem::transmute_copy::<[Packed<__m128i>; 4], [U; N]>(&v)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                std::array::from_fn(|k| {
+                    std::ptr::read_volatile(p.add(k * size_of::<U>()).cast::<Packed<U>>()).0
+                })
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn read_into(&self, out: &mut [U]) {
+        assert!(out.len() <= self.len);
+        for (k, o) in out.iter_mut().enumerate() {
+            // SAFETY: element `k < len` lies inside the memory `self` covers; see `piece`.
+            *o = unsafe {
+                std::ptr::read_volatile(self.ptr.add(k * size_of::<U>()).cast::<Packed<U>>()).0
+            };
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch_piece<const N: usize>(&self, i: usize) {
+        // A hint, not a read: the program never sees the line's bytes.
+        prefetch(self.ptr.wrapping_add(i * PIECE_BYTES));
+    }
+}
+
+/// Source bytes, seen as elements of each data type.
+trait Bytes: Copy {
+    type Typed<T: bytemuck::Pod>: Source<T>;
+    fn typed<T: bytemuck::Pod>(self) -> Self::Typed<T>;
+}
+
+impl<'a> Bytes for &'a [u8] {
+    type Typed<T: bytemuck::Pod> = &'a [T];
+    #[inline(always)]
+    fn typed<T: bytemuck::Pod>(self) -> &'a [T] {
+        bytemuck::cast_slice(self)
+    }
+}
+
+impl<'a> Bytes for Far<'a, u8> {
+    type Typed<T: bytemuck::Pod> = Far<'a, T>;
+    #[inline(always)]
+    fn typed<T: bytemuck::Pod>(self) -> Far<'a, T> {
+        self.cast()
     }
 }
 
@@ -443,7 +686,65 @@ impl<T: Copy, F: Fn(T, T) -> T> Body3<T> for Zip<F> {
 
 /// Runs `body` on matching pieces of `dst` and `src` (equal lengths) until all are covered.
 #[inline(always)]
-fn walk2<const N: usize, T, U>(dst: &mut [T], src: &[U], mut body: impl Body2<T, U>) {
+fn walk2<const N: usize, T, U: bytemuck::Pod, S: Source<U>>(
+    dst: &mut [T],
+    src: S,
+    body: impl Body2<T, U>,
+) {
+    match src.slice() {
+        Some(src) => walk2_slices::<N, _, _>(dst, src, body),
+        None => walk2_far::<N, _, _, _>(dst, src, body),
+    }
+}
+
+/// [`walk2`] over a source read piece by piece ([`Source::piece`]), in the same order: four
+/// interleaved streams for large buffers, then one.
+#[inline(always)]
+fn walk2_far<const N: usize, T, U: bytemuck::Pod, S: Source<U>>(
+    dst: &mut [T],
+    src: S,
+    mut body: impl Body2<T, U>,
+) {
+    let q = stream_len::<N, T>(dst.len()).unwrap_or(0);
+    let (streamed, rest) = dst.split_at_mut(q * STREAMS);
+    if q > 0 {
+        let [d0, d1, d2, d3] = streams_mut(streamed, q);
+        let (d0, d1, d2, d3) = (
+            d0.as_chunks_mut::<N>().0,
+            d1.as_chunks_mut::<N>().0,
+            d2.as_chunks_mut::<N>().0,
+            d3.as_chunks_mut::<N>().0,
+        );
+        let s: [S; STREAMS] = std::array::from_fn(|k| src.range(k * q, q));
+        for i in 0..q / N {
+            for (d, s) in [&d0[i], &d1[i], &d2[i], &d3[i]].into_iter().zip(&s) {
+                prefetch(d.as_ptr());
+                s.prefetch_piece::<N>(i);
+            }
+            body.run(&mut d0[i], &s[0].piece::<N>(i));
+            body.run(&mut d1[i], &s[1].piece::<N>(i));
+            body.run(&mut d2[i], &s[2].piece::<N>(i));
+            body.run(&mut d3[i], &s[3].piece::<N>(i));
+            // As in `walk2_slices`.
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let src = src.range(q * STREAMS, rest.len());
+    let (pieces, tail) = rest.as_chunks_mut::<N>();
+    for (i, d) in pieces.iter_mut().enumerate() {
+        body.run(d, &src.piece::<N>(i));
+    }
+    if !tail.is_empty() {
+        let mut t: [U; N] = bytemuck::Zeroable::zeroed();
+        let t = &mut t[..tail.len()];
+        src.range(pieces.len() * N, tail.len()).read_into(t);
+        body.run(tail, t);
+    }
+}
+
+/// [`walk2`] over a slice.
+#[inline(always)]
+fn walk2_slices<const N: usize, T, U>(dst: &mut [T], src: &[U], mut body: impl Body2<T, U>) {
     let Some(q) = stream_len::<N, T>(dst.len()) else {
         return body.run(dst, src);
     };
@@ -475,7 +776,80 @@ fn walk2<const N: usize, T, U>(dst: &mut [T], src: &[U], mut body: impl Body2<T,
 
 /// Runs `body` on matching pieces of `out`, `a` and `b` (equal lengths) until all are covered.
 #[inline(always)]
-fn walk3<const N: usize, T>(out: &mut [T], a: &[T], b: &[T], mut body: impl Body3<T>) {
+fn walk3<const N: usize, T: bytemuck::Pod, S: Source<T>>(
+    out: &mut [T],
+    a: &[T],
+    b: S,
+    body: impl Body3<T>,
+) {
+    match b.slice() {
+        Some(b) => walk3_slices::<N, _>(out, a, b, body),
+        None => walk3_far::<N, _, _>(out, a, b, body),
+    }
+}
+
+/// [`walk3`] with `b` read piece by piece, as [`walk2_far`].
+#[inline(always)]
+fn walk3_far<const N: usize, T: bytemuck::Pod, S: Source<T>>(
+    out: &mut [T],
+    a: &[T],
+    b: S,
+    mut body: impl Body3<T>,
+) {
+    let q = stream_len::<N, T>(out.len()).unwrap_or(0);
+    let (streamed, rest) = out.split_at_mut(q * STREAMS);
+    let (a_streamed, a_rest) = a.split_at(q * STREAMS);
+    if q > 0 {
+        let [o0, o1, o2, o3] = streams_mut(streamed, q);
+        let (o0, o1, o2, o3) = (
+            o0.as_chunks_mut::<N>().0,
+            o1.as_chunks_mut::<N>().0,
+            o2.as_chunks_mut::<N>().0,
+            o3.as_chunks_mut::<N>().0,
+        );
+        let [a0, a1, a2, a3] = streams(a_streamed, q);
+        let (a0, a1, a2, a3) = (
+            a0.as_chunks::<N>().0,
+            a1.as_chunks::<N>().0,
+            a2.as_chunks::<N>().0,
+            a3.as_chunks::<N>().0,
+        );
+        let s: [S; STREAMS] = std::array::from_fn(|k| b.range(k * q, q));
+        for i in 0..q / N {
+            for ((o, a), s) in [&o0[i], &o1[i], &o2[i], &o3[i]]
+                .into_iter()
+                .zip([&a0[i], &a1[i], &a2[i], &a3[i]])
+                .zip(&s)
+            {
+                prefetch(o.as_ptr());
+                prefetch(a.as_ptr());
+                s.prefetch_piece::<N>(i);
+            }
+            body.run(&mut o0[i], &a0[i], &s[0].piece::<N>(i));
+            body.run(&mut o1[i], &a1[i], &s[1].piece::<N>(i));
+            body.run(&mut o2[i], &a2[i], &s[2].piece::<N>(i));
+            body.run(&mut o3[i], &a3[i], &s[3].piece::<N>(i));
+            // As in `walk2_slices`.
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let b = b.range(q * STREAMS, rest.len());
+    let (pieces, tail) = rest.as_chunks_mut::<N>();
+    let (a_pieces, a_tail) = a_rest.as_chunks::<N>();
+    for (i, (o, a)) in pieces.iter_mut().zip(a_pieces).enumerate() {
+        body.run(o, a, &b.piece::<N>(i));
+    }
+    if !tail.is_empty() {
+        let mut t: [T; N] = bytemuck::Zeroable::zeroed();
+        let t = &mut t[..tail.len()];
+        b.range(pieces.len() * N, tail.len()).read_into(t);
+        body.run(tail, a_tail, t);
+    }
+}
+
+/// [`walk3`] over slices.
+#[inline(always)]
+fn walk3_slices<const N: usize, T>(out: &mut [T], a: &[T], b: &[T], mut body: impl Body3<T>) {
     let Some(q) = stream_len::<N, T>(out.len()) else {
         return body.run(out, a, b);
     };
@@ -509,13 +883,22 @@ fn walk3<const N: usize, T>(out: &mut [T], a: &[T], b: &[T], mut body: impl Body
 // The loops. Each op gets its own monomorphic loop so the compiler sees a branch-free body.
 
 #[inline(always)]
-fn zip2<const N: usize, T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
-    walk2::<N, _, _>(dst, src, Zip(f));
+fn zip2<const N: usize, T: bytemuck::Pod>(
+    dst: &mut [T],
+    src: impl Source<T>,
+    f: impl Fn(T, T) -> T,
+) {
+    walk2::<N, _, _, _>(dst, src, Zip(f));
 }
 
 #[inline(always)]
-fn zip3<const N: usize, T: Copy>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
-    walk3::<N, _>(out, a, b, Zip(f));
+fn zip3<const N: usize, T: bytemuck::Pod>(
+    out: &mut [T],
+    a: &[T],
+    b: impl Source<T>,
+    f: impl Fn(T, T) -> T,
+) {
+    walk3::<N, _, _>(out, a, b, Zip(f));
 }
 
 #[inline(always)]
@@ -547,7 +930,7 @@ macro_rules! int_kernels {
     ($($t:ty => $div:ty, $sign:ident);*) => {$(
         impl Int<$t> {
             #[inline(always)]
-            fn reduce(dst: &mut [$t], src: &[$t], op: ReduceOp) {
+            fn reduce(dst: &mut [$t], src: impl Source<$t>, op: ReduceOp) {
                 const N: usize = piece!($t);
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => zip2::<N, _>(dst, src, <$t>::wrapping_add),
@@ -561,7 +944,7 @@ macro_rules! int_kernels {
             }
 
             #[inline(always)]
-            fn reduce_into(out: &mut [$t], a: &[$t], b: &[$t], op: ReduceOp) {
+            fn reduce_into(out: &mut [$t], a: &[$t], b: impl Source<$t>, op: ReduceOp) {
                 const N: usize = piece!($t);
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => zip3::<N, _>(out, a, b, <$t>::wrapping_add),
@@ -636,7 +1019,7 @@ macro_rules! float_kernels {
     ($t:ty, $max:ident, $min:ident) => {
         impl Float<$t> {
             #[inline(always)]
-            fn reduce(dst: &mut [$t], src: &[$t], op: ReduceOp) {
+            fn reduce(dst: &mut [$t], src: impl Source<$t>, op: ReduceOp) {
                 const N: usize = piece!($t);
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => zip2::<N, _>(dst, src, |a, b| a + b),
@@ -650,7 +1033,7 @@ macro_rules! float_kernels {
             }
 
             #[inline(always)]
-            fn reduce_into(out: &mut [$t], a: &[$t], b: &[$t], op: ReduceOp) {
+            fn reduce_into(out: &mut [$t], a: &[$t], b: impl Source<$t>, op: ReduceOp) {
                 const N: usize = piece!($t);
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => zip3::<N, _>(out, a, b, |x, y| x + y),
@@ -743,9 +1126,15 @@ pub(crate) fn f64_to_f32_odd(x: f64) -> f32 {
 
 /// Applies `f` in `f32` to the `f16` operands on the fallback path: `out = (a or out) ⊕ b`.
 #[inline(always)]
-fn f16_blocks(out: &mut [f16], a: Option<&[f16]>, b: &[f16], f: impl Fn(f32, f32) -> f32) {
+fn f16_blocks(
+    out: &mut [f16],
+    a: Option<&[f16]>,
+    b: impl Source<f16>,
+    f: impl Fn(f32, f32) -> f32,
+) {
     let mut x = [0f32; HALF_BLOCK];
     let mut y = [0f32; HALF_BLOCK];
+    let mut h = [f16::ZERO; HALF_BLOCK];
     let mut lo = 0;
     while lo < out.len() {
         let hi = (lo + HALF_BLOCK).min(out.len());
@@ -754,7 +1143,14 @@ fn f16_blocks(out: &mut [f16], a: Option<&[f16]>, b: &[f16], f: impl Fn(f32, f32
             Some(a) => a[lo..hi].convert_to_f32_slice(&mut x[..n]),
             None => out[lo..hi].convert_to_f32_slice(&mut x[..n]),
         }
-        b[lo..hi].convert_to_f32_slice(&mut y[..n]);
+        let b = match b.slice() {
+            Some(b) => &b[lo..hi],
+            None => {
+                b.range(lo, n).read_into(&mut h[..n]);
+                &h[..n]
+            }
+        };
+        b.convert_to_f32_slice(&mut y[..n]);
         for (x, &y) in x[..n].iter_mut().zip(&y[..n]) {
             *x = f(*x, y);
         }
@@ -780,7 +1176,7 @@ macro_rules! with_f32_op {
 
 impl Half<bf16> {
     #[inline(always)]
-    fn reduce(dst: &mut [bf16], src: &[bf16], op: ReduceOp) {
+    fn reduce(dst: &mut [bf16], src: impl Source<bf16>, op: ReduceOp) {
         macro_rules! go {
             ($f:expr) => {{
                 let f = $f;
@@ -793,7 +1189,7 @@ impl Half<bf16> {
     }
 
     #[inline(always)]
-    fn reduce_into(out: &mut [bf16], a: &[bf16], b: &[bf16], op: ReduceOp) {
+    fn reduce_into(out: &mut [bf16], a: &[bf16], b: impl Source<bf16>, op: ReduceOp) {
         macro_rules! go {
             ($f:expr) => {{
                 let f = $f;
@@ -814,7 +1210,7 @@ impl Half<bf16> {
 
 impl Half<f16> {
     #[inline(always)]
-    fn reduce(dst: &mut [f16], src: &[f16], op: ReduceOp) {
+    fn reduce(dst: &mut [f16], src: impl Source<f16>, op: ReduceOp) {
         macro_rules! go {
             ($f:expr) => {{
                 #[cfg(target_arch = "x86_64")]
@@ -829,7 +1225,7 @@ impl Half<f16> {
     }
 
     #[inline(always)]
-    fn reduce_into(out: &mut [f16], a: &[f16], b: &[f16], op: ReduceOp) {
+    fn reduce_into(out: &mut [f16], a: &[f16], b: impl Source<f16>, op: ReduceOp) {
         macro_rules! go {
             ($f:expr) => {{
                 #[cfg(target_arch = "x86_64")]
@@ -872,7 +1268,7 @@ macro_rules! eight_kernels {
     ($($t:ty),*) => {$(
         impl Eight<$t> {
             #[inline(always)]
-            fn reduce(dst: &mut [$t], src: &[$t], op: ReduceOp) {
+            fn reduce(dst: &mut [$t], src: impl Source<$t>, op: ReduceOp) {
                 macro_rules! go {
                     ($f:expr) => {{
                         let f = $f;
@@ -886,7 +1282,7 @@ macro_rules! eight_kernels {
             }
 
             #[inline(always)]
-            fn reduce_into(out: &mut [$t], a: &[$t], b: &[$t], op: ReduceOp) {
+            fn reduce_into(out: &mut [$t], a: &[$t], b: impl Source<$t>, op: ReduceOp) {
                 macro_rules! go {
                     ($f:expr) => {{
                         let f = $f;
@@ -918,7 +1314,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{DataType, PIECE_BYTES, ReduceOp};
+    use super::{Bytes, DataType, PIECE_BYTES, ReduceOp, Source};
 
     /// Whether the CPU has AVX2 and F16C (every AVX2 CPU has F16C; both are checked anyway).
     /// Detection is cached by the standard library: this is a load and a test.
@@ -928,15 +1324,15 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) fn reduce_aligned(dst: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
+    pub(super) fn reduce_aligned<B: Bytes>(dst: &mut [u8], src: B, dtype: DataType, op: ReduceOp) {
         super::reduce_aligned_impl(dst, src, dtype, op)
     }
 
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) fn reduce_into_aligned(
+    pub(super) fn reduce_into_aligned<B: Bytes>(
         out: &mut [u8],
         a: &[u8],
-        b: &[u8],
+        b: B,
         dtype: DataType,
         op: ReduceOp,
     ) {
@@ -998,8 +1394,8 @@ mod x86 {
 
     /// `dst = f(dst, src)` on `f16` in `f32`, via F16C.
     #[target_feature(enable = "avx2,f16c")]
-    pub(super) fn f16_reduce(dst: &mut [f16], src: &[f16], f: impl Fn(f32, f32) -> f32) {
-        super::walk2::<{ piece!(f16) }, _, _>(
+    pub(super) fn f16_reduce(dst: &mut [f16], src: impl Source<f16>, f: impl Fn(f32, f32) -> f32) {
+        super::walk2::<{ piece!(f16) }, _, _, _>(
             dst,
             src,
             super::each2(|d: &mut [f16], s: &[f16]| {
@@ -1021,10 +1417,10 @@ mod x86 {
     pub(super) fn f16_reduce_into(
         out: &mut [f16],
         a: &[f16],
-        b: &[f16],
+        b: impl Source<f16>,
         f: impl Fn(f32, f32) -> f32,
     ) {
-        super::walk3::<{ piece!(f16) }, _>(out, a, b, super::each3(|o, a, b| zip8(o, a, b, &f)))
+        super::walk3::<{ piece!(f16) }, _, _>(out, a, b, super::each3(|o, a, b| zip8(o, a, b, &f)))
     }
 
     /// `dst = dst / by` on `f16` in `f32`, via F16C.
@@ -1084,5 +1480,94 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&out[1..], bytemuck::cast_slice::<f32, u8>(&want));
+    }
+
+    /// Folds whose source is shared memory (read by volatile loads, piece by piece) give the
+    /// very bits the slice kernels give: every type and operator, lengths around a piece and
+    /// beyond the size where walks split into streams, sources at any byte offset,
+    /// destinations aligned or not.
+    /// Equal element by element, any NaN equal to any NaN (which NaN an operation returns
+    /// depends on the order the compiler picked for the operands).
+    fn same(dtype: DataType, x: &[u8], y: &[u8]) -> bool {
+        let nan = |e: &[u8]| match dtype {
+            DataType::F32 => f32::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DataType::F64 => f64::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DataType::F16 => f16::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DataType::BF16 => bf16::from_le_bytes(e.try_into().unwrap()).is_nan(),
+            DataType::F8E4M3 => F8E4M3::from_bits(e[0]).is_nan(),
+            DataType::F8E5M2 => F8E5M2::from_bits(e[0]).is_nan(),
+            _ => false,
+        };
+        x.len() == y.len()
+            && x.chunks(dtype.size())
+                .zip(y.chunks(dtype.size()))
+                .all(|(p, q)| p == q || (nan(p) && nan(q)))
+    }
+
+    #[test]
+    fn shared_sources_fold_like_slices() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut byte = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 24) as u8
+        };
+        for dtype in DataType::ALL {
+            let size = dtype.size();
+            for elems in [
+                0usize,
+                1,
+                7,
+                64 / size,
+                64 / size + 3,
+                1000,
+                (1 << 20) / size + 9,
+            ] {
+                let len = elems * size;
+                let a: Vec<u8> = (0..len).map(|_| byte()).collect();
+                let b: Vec<u8> = (0..len + 3).map(|_| byte()).collect();
+                for op in ReduceOp::ALL {
+                    let mut want = a.clone();
+                    if reduce_bytes(&mut want, &b[..len], dtype, op).is_err() {
+                        continue; // not defined on this type
+                    }
+                    for off in [0usize, 1, 3] {
+                        let src = &b[off..off + len];
+                        let mut want = a.clone();
+                        reduce_bytes(&mut want, src, dtype, op).unwrap();
+                        // SAFETY: `src` is readable for its length while `b` lives.
+                        let shared = unsafe { Shared::new(src.as_ptr(), len) };
+                        let mut got = a.clone();
+                        reduce_shared(&mut got, shared, dtype, op).unwrap();
+                        assert!(
+                            same(dtype, &got, &want),
+                            "{dtype:?} {op:?} {elems} elements, offset {off}"
+                        );
+                        let mut got = vec![0u8; len];
+                        reduce_into_shared(&mut got, &a, shared, dtype, op).unwrap();
+                        assert!(
+                            same(dtype, &got, &want),
+                            "{dtype:?} {op:?} {elems} into, offset {off}"
+                        );
+                        if len > 0 && len < 4096 {
+                            // A misaligned destination goes through the bounce block.
+                            let mut odd = vec![0u8; len + 1];
+                            odd[1..].copy_from_slice(&a);
+                            reduce_shared(&mut odd[1..], shared, dtype, op).unwrap();
+                            assert!(
+                                same(dtype, &odd[1..], &want),
+                                "{dtype:?} {op:?} misaligned dst"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut d = [0u8; 8];
+        let four = [0u8; 4];
+        // SAFETY: `four` is readable for 4 bytes.
+        let s = unsafe { Shared::new(four.as_ptr(), 4) };
+        assert!(reduce_shared(&mut d, s, DataType::F32, ReduceOp::Sum).is_err());
     }
 }

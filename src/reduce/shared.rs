@@ -1,17 +1,9 @@
 //! Memory another process may write while this one reads it (shared-memory slots, area
-//! buffers, lent messages), as [`Shared`]: copied out only with [`oxccl_transport::shared`]'s
-//! loads, which the compiler must perform exactly once each, so a peer that breaks the protocol
-//! and writes meanwhile can make this rank copy odd bytes, nothing else.
-//!
-//! One exception, on purpose: [`Shared::folded`] hands the bytes to the reduction kernels as a
-//! slice, to fold them into a local buffer in place. The kernels read each source byte once
-//! and only combine it arithmetically into the destination (no length, index or branch target
-//! comes from it), so a racing writer can change the values folded and nothing else. Going
-//! through a volatile copy first (a 4 KiB bounce block per step) cost 7-8% of a 2-rank
-//! two-shot all-reduce at 2-16 MiB on 2026-11-25 (`allreduce-perf --ranks 2 -b 256K -e 16M
-//! -f 8 -R 3`, interleaved with the build before), where the copies themselves cost nothing
-//! measurable; a fold whose source loads are themselves volatile (the kernels' walks loading
-//! each 64-byte piece through `oxccl_transport::shared`) is the way to close it.
+//! buffers, lent messages), as [`Shared`]: never formed into a slice. It is copied out with
+//! [`oxccl_transport::shared`]'s loads ([`Shared::copy_to`]), or folded by the reduction
+//! kernels' volatile loads ([`super::cpu::reduce_shared`]); either way the compiler must read
+//! each byte exactly once, so a peer that breaks the protocol and writes meanwhile can make
+//! this rank copy or compute odd values, nothing else.
 
 use std::marker::PhantomData;
 
@@ -39,6 +31,11 @@ impl<'a> Shared<'a> {
         }
     }
 
+    /// Where the range starts and how long it is, for the kernels' volatile loads.
+    pub(crate) fn raw(&self) -> (*const u8, usize) {
+        (self.ptr, self.len)
+    }
+
     /// Bytes in the range.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -58,14 +55,6 @@ impl<'a> Shared<'a> {
         assert_eq!(out.len(), self.len, "shared copy: lengths differ");
         // SAFETY: as in `copy_to`.
         unsafe { peer::copy_streaming(out.as_mut_ptr(), self.ptr, self.len) }
-    }
-
-    /// The bytes as a slice, for the reduction kernels to fold in place: the one exception
-    /// described in the module docs. Use it for nothing else.
-    pub(crate) fn folded(self) -> &'a [u8] {
-        // SAFETY: readable for `len` bytes for `'a` (the contract of `new`); what a racing
-        // writer can do to a fold is described in the module docs.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -88,7 +77,6 @@ mod tests {
                 let mut out = vec![0u8; len];
                 shared.copy_streaming_to(&mut out);
                 assert_eq!(out, s);
-                assert_eq!(shared.folded(), s);
             }
         }
     }

@@ -31,7 +31,7 @@ impl AreaPath {
             if r == 0 {
                 data.copy_to(out);
             } else {
-                cpu::reduce_bytes(out, data.folded(), plan.dtype, plan.op.combiner())?;
+                cpu::reduce_shared(out, data, plan.dtype, plan.op.combiner())?;
             }
             Ok(())
         })?;

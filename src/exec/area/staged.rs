@@ -145,7 +145,7 @@ impl AreaPath {
             if r == 0 {
                 data.copy_to(out);
             } else {
-                cpu::reduce_bytes(out, data.folded(), plan.dtype, plan.op.combiner())?;
+                cpu::reduce_shared(out, data, plan.dtype, plan.op.combiner())?;
             }
             Ok(())
         })?;
@@ -208,7 +208,7 @@ impl AreaPath {
             match (b.in_place, peers.next()) {
                 (true, first) => {
                     for theirs in first.into_iter().chain(peers) {
-                        cpu::reduce_bytes(out, theirs.folded(), plan.dtype, plan.op.combiner())?;
+                        cpu::reduce_shared(out, theirs, plan.dtype, plan.op.combiner())?;
                     }
                 }
                 (false, first) => {
@@ -216,20 +216,15 @@ impl AreaPath {
                     let own = unsafe { std::slice::from_raw_parts(src, l) };
                     match first {
                         Some(theirs) => {
-                            cpu::reduce_into_bytes(
+                            cpu::reduce_into_shared(
                                 out,
                                 own,
-                                theirs.folded(),
+                                theirs,
                                 plan.dtype,
                                 plan.op.combiner(),
                             )?;
                             for theirs in peers {
-                                cpu::reduce_bytes(
-                                    out,
-                                    theirs.folded(),
-                                    plan.dtype,
-                                    plan.op.combiner(),
-                                )?;
+                                cpu::reduce_shared(out, theirs, plan.dtype, plan.op.combiner())?;
                             }
                         }
                         None => out.copy_from_slice(own),

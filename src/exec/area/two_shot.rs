@@ -82,15 +82,9 @@ impl AreaPath {
                 // copies of this slice, left alone until they publish `turn + 1`.
                 let theirs = unsafe { Shared::new(data.add(at), len) };
                 if k == 0 {
-                    cpu::reduce_into_bytes(
-                        res,
-                        a,
-                        theirs.folded(),
-                        plan.dtype,
-                        plan.op.combiner(),
-                    )?;
+                    cpu::reduce_into_shared(res, a, theirs, plan.dtype, plan.op.combiner())?;
                 } else {
-                    cpu::reduce_bytes(res, theirs.folded(), plan.dtype, plan.op.combiner())?;
+                    cpu::reduce_shared(res, theirs, plan.dtype, plan.op.combiner())?;
                 }
             }
             if plan.op == ReduceOp::Avg {

@@ -14,7 +14,7 @@
 //! its division by the rank count is [`divide`], applied once to the fully reduced value.
 //!
 //! The source operand may also be memory another process may write (shared memory,
-//! [`reduce_shared`], [`reduce_into_shared`]): it is then never formed into a slice but read
+//! `reduce_shared`, `reduce_into_shared`): it is then never formed into a slice but read
 //! once per byte by volatile vector loads, a 64-byte piece at a time, and folded from
 //! registers — at the slice kernels' speed (same walks, same bodies).
 //!

@@ -418,11 +418,21 @@ fn torchrun_runs_an_oxccl_program() {
 
 // ---- a server that answers garbage ----
 
+/// What a fake store does after its last reply.
+#[derive(Clone, Copy)]
+enum Then {
+    /// Closes the connection.
+    Close,
+    /// Keeps it open without answering.
+    Silent,
+    /// Reads one more request and answers it one zero byte every 100 ms, forever.
+    Trickle,
+}
+
 /// A fake store that passes the handshake (echoes the ping's nonce) unless `handshake` says
 /// otherwise (an empty one closes the connection), then answers the i-th request it reads
-/// with `replies[i]`; after the last reply it closes the connection when `close`, else keeps
-/// it open without answering.
-fn fake_server(handshake: Option<Vec<u8>>, replies: Vec<Vec<u8>>, close: bool) -> SocketAddr {
+/// with `replies[i]`, then does what `then` says.
+fn fake_server(handshake: Option<Vec<u8>>, replies: Vec<Vec<u8>>, then: Then) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     thread::spawn(move || {
@@ -447,12 +457,22 @@ fn fake_server(handshake: Option<Vec<u8>>, replies: Vec<Vec<u8>>, close: bool) -
                 return;
             }
         }
-        if close {
-            return;
+        match then {
+            Then::Close => {}
+            Then::Silent => {
+                // Until the client goes away.
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink);
+            }
+            Then::Trickle => {
+                let mut request = [0u8; 4096];
+                if s.read(&mut request).is_ok() {
+                    while s.write_all(&[0]).is_ok() {
+                        thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
         }
-        // Silent from here on, until the client goes away.
-        let mut sink = Vec::new();
-        let _ = s.read_to_end(&mut sink);
     });
     addr
 }
@@ -469,7 +489,7 @@ fn garbage_at_the_handshake_is_refused() {
     let short = Duration::from_secs(5);
 
     // Nonsense instead of the nonce (what oxccl's own store, or any other service, would send).
-    let addr = fake_server(Some(b"OXCC".to_vec()), vec![], false);
+    let addr = fake_server(Some(b"OXCC".to_vec()), vec![], Then::Silent);
     let err = within(short, || TorchStore::connect(addr, soon()).unwrap_err());
     assert!(
         err.contains(&addr.to_string()) && err.contains("TCPStore"),
@@ -477,7 +497,7 @@ fn garbage_at_the_handshake_is_refused() {
     );
 
     // Closed at once.
-    let addr = fake_server(Some(vec![]), vec![], true);
+    let addr = fake_server(Some(vec![]), vec![], Then::Close);
     let err = within(short, || TorchStore::connect(addr, soon()).unwrap_err());
     assert!(
         err.contains("closed the connection during the handshake"),
@@ -496,8 +516,9 @@ fn garbage_at_the_handshake_is_refused() {
 #[test]
 fn garbage_answers_are_errors_not_panics_or_allocations() {
     let short = Duration::from_secs(5);
-    let connect =
-        |replies: Vec<Vec<u8>>| TorchStore::connect(fake_server(None, replies, false), soon());
+    let connect = |replies: Vec<Vec<u8>>| {
+        TorchStore::connect(fake_server(None, replies, Then::Silent), soon())
+    };
 
     // A value "of 2^64 - 1 bytes": refused before anything is allocated for it.
     let store = connect(vec![vec![0], u64::MAX.to_le_bytes().to_vec()]).unwrap();
@@ -510,7 +531,8 @@ fn garbage_answers_are_errors_not_panics_or_allocations() {
     // Just under the limit, then the connection ends: a clean end-of-stream error.
     let mut len = ((16u64 << 20) - 1).to_le_bytes().to_vec();
     len.extend_from_slice(b"only this");
-    let store = TorchStore::connect(fake_server(None, vec![vec![0], len], true), soon()).unwrap();
+    let store =
+        TorchStore::connect(fake_server(None, vec![vec![0], len], Then::Close), soon()).unwrap();
     let err = within(short, || store.get("key", soon()).unwrap_err());
     assert!(
         err.contains("\"key\"") && err.contains("closed the connection"),
@@ -559,25 +581,7 @@ fn garbage_answers_are_errors_not_panics_or_allocations() {
 /// forever: with a timeout per read, a request would last as long as the bytes kept coming.
 #[test]
 fn a_trickling_server_cannot_stretch_a_request_past_its_deadline() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else {
-            return;
-        };
-        let mut hello = [0u8; 10];
-        if s.read_exact(&mut hello).is_err() || s.write_all(&hello[6..10]).is_err() {
-            return;
-        }
-        let mut request = [0u8; 64];
-        if s.read(&mut request).is_err() {
-            return;
-        }
-        // An add's answer is 8 bytes: send them one at a time (and never stop).
-        while s.write_all(&[0]).is_ok() {
-            thread::sleep(Duration::from_millis(100));
-        }
-    });
+    let addr = fake_server(None, vec![], Then::Trickle);
     let store = TorchStore::connect(addr, soon())
         .unwrap()
         .with_timeout(Duration::from_millis(500));

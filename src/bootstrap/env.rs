@@ -235,15 +235,17 @@ pub fn user_key(path: &Path) -> Result<Secret> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(bad(format!("{what} {}: {e}", path.display()))),
     }
-    let made = (|| -> std::io::Result<()> {
+    let made = (|| -> std::io::Result<bool> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
         let key = Secret::random().map_err(std::io::Error::other)?;
-        let nonce = u64::from_le_bytes(key.as_bytes()[..8].try_into().expect("8 bytes"));
-        let tmp = dir.join(format!(".key.{}.{nonce:016x}", std::process::id()));
+        // The temporary file's name must say nothing of the key: a nonce of its own.
+        let nonce = Secret::random().map_err(std::io::Error::other)?;
+        let nonce = &nonce.to_hex()[..16];
+        let tmp = dir.join(format!(".key.{}.{nonce}", std::process::id()));
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -256,19 +258,22 @@ pub fn user_key(path: &Path) -> Result<Secret> {
             .and_then(|()| std::fs::hard_link(&tmp, path));
         let _ = std::fs::remove_file(&tmp);
         match written {
+            Ok(()) => Ok(true),
             // Another rank made it first: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            other => other,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
         }
     })();
-    made.map_err(|e| {
+    let made = made.map_err(|e| {
         bad(format!(
             "cannot make {what} {} ({e}); without OXCCL_TOKEN or OXCCL_TOKEN_FILE the job \
              secret is derived from it",
             path.display()
         ))
     })?;
-    tracing::info!(file = %path.display(), "made this user's oxccl key");
+    if made {
+        tracing::info!(file = %path.display(), "made this user's oxccl key");
+    }
     private_secret(path, what)
 }
 

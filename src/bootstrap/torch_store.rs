@@ -371,7 +371,14 @@ fn get_on(
         Waited::Done => {
             s.set_deadline(Instant::now() + ANSWER_MARGIN);
             s.write_all(&Request::new(GET).string(wire).0)?;
-            Ok(Ok(read_vec(s, MAX_FRAME, "value")?))
+            let len = u64::from_le_bytes(read_array::<8>(s)?);
+            // The value's bytes get the margin again plus a second per 8 MiB (a slow link).
+            s.set_deadline(
+                Instant::now()
+                    + ANSWER_MARGIN
+                    + Duration::from_secs(len.min(MAX_FRAME as u64) >> 23),
+            );
+            Ok(Ok(read_body(s, len, MAX_FRAME, "value")?))
         }
     }
 }
@@ -458,6 +465,7 @@ fn wait_on(s: &mut impl Conversation, keys: &[String], deadline: Instant) -> io:
         return Ok(Waited::Missing(only.clone()));
     }
     for k in keys {
+        s.set_deadline(Instant::now() + ANSWER_MARGIN);
         if !check_on(s, std::slice::from_ref(k))? {
             return Ok(Waited::Missing(k.clone()));
         }
@@ -484,8 +492,14 @@ fn read_array<const N: usize>(s: &mut impl Read) -> io::Result<[u8; N]> {
 
 /// Reads a `u64` length and that many bytes, refusing a length over `max` before allocating,
 /// and growing the buffer only as bytes actually arrive.
+#[cfg(test)]
 fn read_vec(s: &mut impl Read, max: usize, what: &str) -> io::Result<Vec<u8>> {
     let len = u64::from_le_bytes(read_array::<8>(s)?);
+    read_body(s, len, max, what)
+}
+
+/// Reads `len` bytes (a length already read), refusing one over `max` before allocating.
+fn read_body(s: &mut impl Read, len: u64, max: usize, what: &str) -> io::Result<Vec<u8>> {
     if len > max as u64 {
         return Err(bad_data(format!(
             "{what} of {len} bytes exceeds the limit of {max}"

@@ -468,7 +468,8 @@ impl<U: bytemuck::Pod> Source<U> for Far<'_, U> {
 
     #[inline(always)]
     fn piece<const N: usize>(&self, i: usize) -> [U; N] {
-        debug_assert!(N * size_of::<U>() == PIECE_BYTES && (i + 1) * N <= self.len);
+        const { assert!(N * size_of::<U>() == PIECE_BYTES, "a piece is PIECE_BYTES") };
+        debug_assert!((i + 1) * N <= self.len);
         // SAFETY: the piece lies inside the memory `self` covers (callers walk whole pieces
         // below `len`), readable for `'a`; `Packed` has alignment 1, so any address is aligned
         // for it; every bit pattern is a valid `U` (`Pod`).

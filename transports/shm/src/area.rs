@@ -67,8 +67,8 @@ pub fn tag(desc: &[u8; DESC_BYTES]) -> u64 {
 
 #[repr(C)]
 struct AreaHeader {
-    magic: u64,
-    bytes: u64,
+    magic: AtomicU64,
+    bytes: AtomicU64,
     /// `seq + 1` of the last collective this rank finished reading everybody's buffers for.
     done: CachePadded<AtomicU64>,
     /// Progress of a direct collective: `(seq + 1) << PROGRESS_BITS | parts finished`.
@@ -115,27 +115,24 @@ impl AreaSegment {
     /// A new area for this rank.
     pub fn create() -> io::Result<AreaSegment> {
         let seg = Segment::create("oxccl-shm-area", area_len())?;
-        // SAFETY: a fresh zeroed mapping large enough for the header; not yet shared.
-        unsafe {
-            let h = seg.as_ptr().cast::<AreaHeader>();
-            (*h).magic = MAGIC;
-            (*h).bytes = AREA_BYTES as u64;
-        }
+        // SAFETY: a fresh zeroed mapping large enough for the header (all-zero atomics are
+        // valid); not yet shared.
+        let h = unsafe { &*seg.as_ptr().cast::<AreaHeader>() };
+        h.magic.store(MAGIC, Ordering::Relaxed);
+        h.bytes.store(AREA_BYTES as u64, Ordering::Relaxed);
         Ok(AreaSegment { seg })
     }
 
     /// A peer's area, checked before use.
     pub fn open(fd: OwnedFd) -> io::Result<AreaSegment> {
         let seg = Segment::map(fd)?;
-        // SAFETY: length checked first; the owner may still write the header, so its fields
-        // are read as copies.
-        let ok = seg.len() >= area_len()
-            && unsafe {
-                let h = seg.as_ptr().cast::<AreaHeader>();
-                use oxccl_transport::shared::read;
-                read(&raw const (*h).magic) == MAGIC
-                    && read(&raw const (*h).bytes) == AREA_BYTES as u64
-            };
+        let ok = seg.len() >= area_len() && {
+            // SAFETY: length checked first; the header's fields are atomics (any bytes are
+            // valid), each loaded once.
+            let h = unsafe { &*seg.as_ptr().cast::<AreaHeader>() };
+            h.magic.load(Ordering::Relaxed) == MAGIC
+                && h.bytes.load(Ordering::Relaxed) == AREA_BYTES as u64
+        };
         if !ok {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -27,7 +27,7 @@ use oxccl_transport::{
 
 use crate::cma::{self, Process};
 use crate::doorbell;
-use crate::primitive::AtomicU32;
+use crate::primitive::{AtomicU32, AtomicU64, Ordering};
 use crate::ring::{Consumer, Producer, RingHeader};
 use crate::segment::Segment;
 
@@ -43,12 +43,13 @@ const KIND_INLINE: u64 = 1;
 const KIND_REMOTE: u64 = 2;
 const SLOT_HEADER: usize = 64;
 
-/// The shared head of a ring segment. All-zero bytes are a valid empty ring.
+/// The shared head of a ring segment. All-zero bytes are a valid empty ring. Every field is an
+/// atomic, so a reference to the header never covers plain memory the peer may write.
 #[repr(C)]
 struct SegmentHeader {
-    magic: u64,
-    slots: u32,
-    slot_bytes: u32,
+    magic: AtomicU64,
+    slots: AtomicU32,
+    slot_bytes: AtomicU32,
     /// The consumer announces it sleeps.
     consumer_sleeping: CachePadded<AtomicU32>,
     /// The producer announces it sleeps (waiting for room or for the consumer to finish).
@@ -87,13 +88,12 @@ impl RingMem {
     pub fn create(slots: usize, slot_bytes: usize) -> io::Result<RingMem> {
         let len = slots_offset() + slots * slot_stride(slot_bytes);
         let seg = Segment::create("oxccl-shm-ring", len)?;
-        // SAFETY: a fresh zeroed mapping large enough for the header; nobody else has it yet.
-        unsafe {
-            let h = seg.as_ptr().cast::<SegmentHeader>();
-            (*h).magic = MAGIC;
-            (*h).slots = slots as u32;
-            (*h).slot_bytes = slot_bytes as u32;
-        }
+        // SAFETY: a fresh zeroed mapping large enough for the header (all-zero atomics are
+        // valid); nobody else has it yet.
+        let h = unsafe { &*seg.as_ptr().cast::<SegmentHeader>() };
+        h.magic.store(MAGIC, Ordering::Relaxed);
+        h.slots.store(slots as u32, Ordering::Relaxed);
+        h.slot_bytes.store(slot_bytes as u32, Ordering::Relaxed);
         Ok(RingMem {
             seg,
             slots: slots as u64,
@@ -111,17 +111,15 @@ impl RingMem {
                 "ring segment too small",
             ));
         }
-        // SAFETY: the mapping holds at least a header (checked); the creator may still write
-        // it, so each field is copied once and only the copies are checked and used.
-        let (magic, slots, slot_bytes) = unsafe {
-            let h = seg.as_ptr().cast::<SegmentHeader>();
-            use oxccl_transport::shared::read;
-            (
-                read(&raw const (*h).magic),
-                read(&raw const (*h).slots) as usize,
-                read(&raw const (*h).slot_bytes) as usize,
-            )
-        };
+        // SAFETY: the mapping holds at least a header (checked), whose fields are atomics (any
+        // bytes are valid); the creator may still write it, so each field is loaded once and
+        // only the copies are checked and used.
+        let h = unsafe { &*seg.as_ptr().cast::<SegmentHeader>() };
+        let (magic, slots, slot_bytes) = (
+            h.magic.load(Ordering::Relaxed),
+            h.slots.load(Ordering::Relaxed) as usize,
+            h.slot_bytes.load(Ordering::Relaxed) as usize,
+        );
         let need = slots
             .checked_mul(slot_stride(slot_bytes))
             .and_then(|b| b.checked_add(slots_offset()));

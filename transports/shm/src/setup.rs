@@ -176,7 +176,7 @@ pub fn authenticate(
     me: Rank,
     client: bool,
     expect: Option<Rank>,
-    timeout: Duration,
+    deadline: Instant,
 ) -> Result<Rank> {
     let cred = peer_credentials(s)
         .map_err(|e| TransportError::io("shm: read the peer's credentials", e))?;
@@ -188,10 +188,10 @@ pub fn authenticate(
     }
     let ctx = [AUTH_CONTEXT, context].concat();
     let hello = (me as u32).to_le_bytes();
-    // The whole handshake within `timeout`, however slowly the peer's bytes come.
+    // The whole handshake by `deadline`, however slowly the peer's bytes come.
     let mut d = oxccl_transport::deadline::Deadlined {
         stream: &mut *s,
-        deadline: Instant::now() + timeout,
+        deadline,
     };
     let theirs = if client {
         auth::client_handshake(&mut d, secret, &ctx, &hello)?
@@ -263,8 +263,10 @@ pub fn exchange(
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
     anc.push(SendAncillaryMessage::ScmRights(&fds));
-    s.arm()
-        .and_then(|()| {
+    // A signal (SIGUSR1 asks for a trace dump) interrupts a call with a timeout even under
+    // SA_RESTART: try again, within the deadline.
+    let sent = loop {
+        let r = s.arm().and_then(|()| {
             rustix::net::sendmsg(
                 &*s.stream,
                 &[IoSlice::new(&msg)],
@@ -272,15 +274,19 @@ pub fn exchange(
                 SendFlags::empty(),
             )
             .map_err(Into::into)
-        })
-        .map_err(|e| TransportError::io(ctx("send the segment"), e))?;
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r,
+        }
+    };
+    sent.map_err(|e| TransportError::io(ctx("send the segment"), e))?;
 
     let mut buf = [0u8; 20];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
-    let got = s
-        .arm()
-        .and_then(|()| {
+    let got = loop {
+        let r = s.arm().and_then(|()| {
             rustix::net::recvmsg(
                 &*s.stream,
                 &mut [IoSliceMut::new(&mut buf)],
@@ -288,8 +294,13 @@ pub fn exchange(
                 RecvFlags::CMSG_CLOEXEC,
             )
             .map_err(Into::into)
-        })
-        .map_err(|e| TransportError::io(ctx("receive the segment"), e))?;
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r,
+        }
+    };
+    let got = got.map_err(|e| TransportError::io(ctx("receive the segment"), e))?;
     let mut received: Vec<OwnedFd> = Vec::new();
     for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {

@@ -238,6 +238,8 @@ impl Transport for ShmTransport {
                 TransportError::Unavailable(format!("shm: rank {} has no endpoint", p.rank))
             })?;
             let mut s = setup::connect(name, deadline)?;
+            // One deadline for the handshake and the hand-over that follows.
+            let by = Instant::now() + handshake;
             setup::authenticate(
                 &mut s,
                 &self.cfg.secret,
@@ -245,9 +247,9 @@ impl Transport for ShmTransport {
                 me,
                 true,
                 Some(p.rank),
-                handshake,
+                by,
             )?;
-            links[i] = Some(self.link(s, p.rank, Instant::now() + handshake)?);
+            links[i] = Some(self.link(s, p.rank, by)?);
         }
         let mut missing: Vec<Rank> = peers
             .iter()
@@ -265,6 +267,7 @@ impl Transport for ShmTransport {
                         "shm: ranks {missing:?} never connected"
                     )));
                 };
+                let by = Instant::now() + handshake;
                 let peer = match setup::authenticate(
                     &mut s,
                     &self.cfg.secret,
@@ -272,7 +275,7 @@ impl Transport for ShmTransport {
                     me,
                     false,
                     None,
-                    handshake,
+                    by,
                 ) {
                     Ok(p) if missing.contains(&p) => p,
                     Ok(p) => {
@@ -292,7 +295,7 @@ impl Transport for ShmTransport {
                     .iter()
                     .position(|p| p.rank == peer)
                     .expect("expected peer");
-                links[i] = Some(self.link(s, peer, Instant::now() + handshake)?);
+                links[i] = Some(self.link(s, peer, by)?);
             }
         }
         self.listener = None;

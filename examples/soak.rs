@@ -17,18 +17,6 @@
 use oxccl::types::{DataType, ReduceOp};
 use oxccl::{Communicator, Config};
 
-const TYPES: [DataType; 10] = [
-    DataType::I8,
-    DataType::U8,
-    DataType::I32,
-    DataType::U32,
-    DataType::I64,
-    DataType::U64,
-    DataType::F16,
-    DataType::F32,
-    DataType::F64,
-    DataType::BF16,
-];
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
     ReduceOp::Prod,
@@ -135,6 +123,12 @@ fn main() {
         .unwrap_or_else(|e| fail(usize::MAX, format!("init: {e}")));
     let (me, n) = (comm.rank(), comm.size());
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Every type but the 8-bit floats, whose few significand bits cannot hold the sums of
+    // the small integers the checks rely on.
+    let types: Vec<DataType> = DataType::ALL
+        .into_iter()
+        .filter(|d| !matches!(d, DataType::F8E4M3 | DataType::F8E5M2))
+        .collect();
     let mut before = None;
     let mut send = Vec::new();
     let mut recv = Vec::new();
@@ -142,7 +136,7 @@ fn main() {
         if k == WARM_UP.min(calls / 2) {
             before = Some(resources());
         }
-        let dtype = TYPES[rng.below(TYPES.len())];
+        let dtype = types[rng.below(types.len())];
         let op = OPS[rng.below(OPS.len())];
         let root = rng.below(n);
         let what = rng.below(10);

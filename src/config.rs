@@ -49,6 +49,12 @@ pub struct Config {
     pub transports: TransportFilter,
     /// Interfaces for TCP (`OXCCL_SOCKET_IFNAME`, NCCL_SOCKET_IFNAME syntax).
     pub socket_ifname: Option<String>,
+    /// Which RDMA devices and ports may carry the rdma transport (`OXCCL_IB_HCA`, with
+    /// NCCL_IB_HCA's syntax: `mlx5_0:1,mlx5_1`, `^mlx5_1` to exclude, `=` for exact names).
+    pub ib_hca: Option<String>,
+    /// The GID table entry of a RoCE port (`OXCCL_IB_GID_INDEX`, 0 to 255; default: a RoCE v2
+    /// entry holding an IPv4 address, as NCCL picks).
+    pub ib_gid_index: Option<u8>,
     /// This process's host identity, overriding discovery (`OXCCL_HOST_ID`; not empty, at most
     /// [`Config::MAX_HOST_ID_BYTES`]).
     pub host_id: Option<String>,
@@ -114,6 +120,8 @@ impl Default for Config {
             algorithm: None,
             transports: TransportFilter::default(),
             socket_ifname: None,
+            ib_hca: None,
+            ib_gid_index: None,
             host_id: None,
             slice_bytes: Choice::DEFAULT_SLICE_BYTES,
             scratch_slots: Choice::DEFAULT_SCRATCH_SLOTS,
@@ -206,6 +214,14 @@ impl Config {
             c.transports = v.parse()?;
         }
         c.socket_ifname = get("OXCCL_SOCKET_IFNAME").filter(|v| !v.trim().is_empty());
+        c.ib_hca = get("OXCCL_IB_HCA").filter(|v| !v.trim().is_empty());
+        if let Some(v) = get("OXCCL_IB_GID_INDEX").filter(|v| !v.trim().is_empty()) {
+            c.ib_gid_index = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| bad("OXCCL_IB_GID_INDEX", &v, "not a GID index from 0 to 255"))?,
+            );
+        }
         c.host_id = get("OXCCL_HOST_ID").filter(|v| !v.trim().is_empty());
         let number = |var: &str, v: &str, what: &str| -> Result<usize> {
             v.trim().parse().map_err(|_| bad(var, v, what))
@@ -288,6 +304,11 @@ impl Config {
         let bad = |field: &str, var: &str, value: &dyn std::fmt::Debug, why: String| {
             Error::InvalidArgument(format!("{field} ({var}) is {value:?}: {why}"))
         };
+        if let Some(h) = &self.ib_hca
+            && let Err(why) = oxccl_transport_rdma::device::HcaFilter::parse(h)
+        {
+            return Err(bad("ib_hca", "OXCCL_IB_HCA", h, why));
+        }
         if !(Self::MIN_TIMEOUT..=Self::MAX_TIMEOUT).contains(&self.timeout) {
             return Err(bad(
                 "timeout",
@@ -645,10 +666,29 @@ mod tests {
             ("OXCCL_SCRATCH_SLOTS", "65"),
             ("OXCCL_DIRECT_MIN", "-1"),
             ("OXCCL_DIRECT_MAX", "lots"),
+            ("OXCCL_IB_HCA", "^"),
+            ("OXCCL_IB_HCA", "mlx5_0:0"),
+            ("OXCCL_IB_HCA", "mlx5 0"),
+            ("OXCCL_IB_GID_INDEX", "256"),
+            ("OXCCL_IB_GID_INDEX", "-1"),
+            ("OXCCL_IB_GID_INDEX", "auto"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn rdma_device_variables_are_read() {
+        let c = Config::from_vars(vars(&[
+            ("OXCCL_IB_HCA", "^=mlx5_1"),
+            ("OXCCL_IB_GID_INDEX", " 3 "),
+        ]))
+        .unwrap();
+        assert_eq!(c.ib_hca.as_deref(), Some("^=mlx5_1"));
+        assert_eq!(c.ib_gid_index, Some(3));
+        let c = Config::default();
+        assert_eq!((c.ib_hca, c.ib_gid_index), (None, None));
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::time::Instant;
 use oxccl_transport::auth::Secret;
 use oxccl_transport::loopback::{Hub, LoopbackTransport};
 use oxccl_transport::{Link, PeerInfo, Transport};
+use oxccl_transport_rdma::device::HcaFilter;
+use oxccl_transport_rdma::{RdmaConfig, RdmaTransport};
 use oxccl_transport_shm::{AreaSet, ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
@@ -81,7 +83,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let store = PrefixStore::new(boot.store.clone(), boot.prefix.clone());
     let host = topo::host_id(config.host_id.as_deref());
     let max_message = config.slice_bytes.max(descriptor::LEN);
-    let (mut transports, areas) = transports(&boot, rank, size, &config, max_message)?;
+    let (mut transports, areas, rdma) = transports(&boot, rank, size, &config, max_message)?;
 
     let mut endpoints = Vec::new();
     for t in transports.iter_mut() {
@@ -96,7 +98,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         (Some(period), None) => {
             let ip = endpoints
                 .iter()
-                .find(|e| e.0 == "tcp")
+                .find(|e| e.0 == "tcp" || e.0 == "rdma")
                 .and_then(|e| oxccl_transport_tcp::decode_endpoint(&e.1))
                 .map(|a| a.ip())
                 .filter(|ip| !ip.is_unspecified())
@@ -132,7 +134,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         infos.push(info);
     }
 
-    let topo = topology(&boot, &store, &config, rank, size, &infos, deadline)?;
+    let topo = topology(&boot, &store, &config, rank, &infos, rdma, deadline)?;
 
     // Each peer gets the first allowed transport that can reach it.
     let mut assigned: Vec<Vec<&PeerInfo>> = vec![Vec::new(); transports.len()];
@@ -305,10 +307,11 @@ fn topology(
     store: &PrefixStore,
     config: &Config,
     rank: Rank,
-    size: usize,
     infos: &[PeerInfo],
+    rdma: Option<String>,
     deadline: Instant,
 ) -> Result<Topology> {
+    let size = infos.len();
     let topo = if let Some(path) = &config.topo_file {
         let t = Topology::load(path)?;
         if t.nranks() != size {
@@ -330,8 +333,9 @@ fn topology(
             })
         };
         let me = &infos[rank];
-        let (host, place) =
+        let (host, mut place) =
             discover::local(std::path::Path::new("/"), &me.host, &topo::host_name(), nic);
+        place.rdma = rdma;
         let mine = serde_json::to_vec(&(host, place))
             .map_err(|e| Error::Bootstrap(format!("rank {rank}: topology: {e}")))?;
         store.set(&format!("topo/{rank}"), &mine)?;
@@ -363,8 +367,9 @@ fn topology(
     Ok(topo)
 }
 
-/// The transports, and the shared-memory group area's handle when shm is among them.
-type Transports = (Vec<Box<dyn Transport>>, Option<AreaSet>);
+/// The transports, the shared-memory group area's handle when shm is among them, and the RDMA
+/// device port when rdma is.
+type Transports = (Vec<Box<dyn Transport>>, Option<AreaSet>, Option<String>);
 
 /// The allowed transports that can exist here, in preference order.
 fn transports(
@@ -376,6 +381,8 @@ fn transports(
 ) -> Result<Transports> {
     let mut out: Vec<Box<dyn Transport>> = Vec::new();
     let mut areas = None;
+    let mut unavailable = Vec::new();
+    let mut rdma = None;
     for name in config.transports.order() {
         match name {
             "loopback" => {
@@ -420,6 +427,39 @@ fn transports(
                 .map_err(|e| transport_error(rank, "create the TCP transport".into(), e))?;
                 out.push(Box::new(tcp));
             }
+            "rdma" => {
+                let bind_ip = if boot.hub.is_some() {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                } else {
+                    iface::choose_ip(boot.store_addr)?
+                };
+                let hca = config
+                    .ib_hca
+                    .as_deref()
+                    .map(HcaFilter::parse)
+                    .transpose()
+                    .map_err(Error::InvalidArgument)?;
+                match RdmaTransport::new(RdmaConfig {
+                    rank,
+                    nranks: size,
+                    secret: boot.secret.clone(),
+                    bind_ip,
+                    max_message,
+                    context: boot.prefix.as_bytes().to_vec(),
+                    hca,
+                    gid_index: config.ib_gid_index,
+                }) {
+                    Ok(t) => {
+                        tracing::debug!(rank, "rdma: using {}", t.describe());
+                        rdma = Some(t.describe());
+                        out.push(Box::new(t));
+                    }
+                    Err(e) => {
+                        tracing::debug!(rank, "rdma is unavailable: {e}");
+                        unavailable.push(format!("rdma: {e}"));
+                    }
+                }
+            }
             other => tracing::debug!(
                 rank,
                 "transport {other} is not built into this version; skipped"
@@ -428,11 +468,13 @@ fn transports(
     }
     if out.is_empty() {
         return Err(Error::Unavailable(format!(
-            "rank {rank}: none of the allowed transports ({:?}) is available",
-            config.transports.order().collect::<Vec<_>>()
+            "rank {rank}: none of the allowed transports ({:?}) is available{}{}",
+            config.transports.order().collect::<Vec<_>>(),
+            if unavailable.is_empty() { "" } else { ": " },
+            unavailable.join("; ")
         )));
     }
-    Ok((out, areas))
+    Ok((out, areas, rdma))
 }
 
 fn transport_error(rank: Rank, what: String, source: oxccl_transport::TransportError) -> Error {

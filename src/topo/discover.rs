@@ -36,6 +36,7 @@ pub(crate) fn local(root: &Path, id: &str, name: &str, nic: Option<String>) -> (
         cpus,
         numa: nodes,
         nic,
+        rdma: None,
     };
     (host, place)
 }

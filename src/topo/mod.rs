@@ -148,6 +148,10 @@ pub struct Place {
     pub numa: Vec<u32>,
     /// The interface its TCP links use (`None`: none chosen).
     pub nic: Option<String>,
+    /// The RDMA device port its rdma links use, as `device:port (kind, GID or LID, netdev)`
+    /// (`None`: no rdma transport).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<String>,
 }
 
 impl Topology {
@@ -214,6 +218,7 @@ impl Topology {
                     cpus: String::new(),
                     numa: Vec::new(),
                     nic: None,
+                    rdma: None,
                 };
                 (host, place)
             })
@@ -357,7 +362,7 @@ impl fmt::Display for Topology {
                 let numa: Vec<String> = p.numa.iter().map(u32::to_string).collect();
                 writeln!(
                     f,
-                    "  rank {r}: pid {}, cpus {}, numa {}, nic {}",
+                    "  rank {r}: pid {}, cpus {}, numa {}, nic {}{}",
                     p.pid,
                     if p.cpus.is_empty() { "?" } else { &p.cpus },
                     if numa.is_empty() {
@@ -365,7 +370,10 @@ impl fmt::Display for Topology {
                     } else {
                         numa.join(",")
                     },
-                    p.nic.as_deref().unwrap_or("-")
+                    p.nic.as_deref().unwrap_or("-"),
+                    p.rdma
+                        .as_deref()
+                        .map_or(String::new(), |d| format!(", rdma {d}"))
                 )?;
             }
         }

@@ -104,6 +104,11 @@ impl Inbox {
         })
     }
 
+    /// Whether end of stream was read.
+    pub fn eof(&self) -> bool {
+        self.eof
+    }
+
     /// Bytes in the ring.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()

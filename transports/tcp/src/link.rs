@@ -118,6 +118,12 @@ impl TcpLink {
         }
     }
 
+    /// Whether the peer has closed its end (end of stream was read): nothing more arrives.
+    /// A link used only for control messages learns of it in [`Link::poll`].
+    pub fn peer_closed(&self) -> bool {
+        self.inbox.eof()
+    }
+
     /// Bytes in the receive ring.
     pub fn ring_capacity(&self) -> usize {
         self.inbox.capacity()

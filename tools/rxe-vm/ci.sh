@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# CI's RDMA step: builds the RDMA tests on the host (the dev profile, as `cargo test` builds
+# them), boots the Soft-RoCE VM (run-rxe-vm.sh, a copy of ../shared/tools/rxe-vm's) and runs
+# them there through in-vm.sh, then prints the performance table from the same run. Exits
+# non-zero if any test or measurement failed or the VM did not finish.
+# Env: RXE_VM_WORK (the VM's kernel and initramfs; default ~/.cache/oxccl/rxe-vm).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+export WORK=${RXE_VM_WORK:-$HOME/.cache/oxccl/rxe-vm}
+
+exes=()
+for t in "-p oxccl-transport-rdma --test rxe" "-p oxccl --test rdma"; do
+  # shellcheck disable=SC2086
+  exe=$(cargo test $t --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -1)
+  [ -x "$exe" ] || { echo "no test executable for $t"; exit 1; }
+  exes+=("$repo/$exe")
+done
+# The rank programs the tests start, and the benchmark: the VM sees the host read-only, so
+# they must be current before it boots.
+cargo build -p oxccl --example selftest --example fault_worker
+cargo build -p allreduce-perf
+
+install=()
+if command -v qemu-system-x86_64 >/dev/null && command -v ib_write_bw >/dev/null \
+  && [ -e /etc/libibverbs.d/rxe.driver ] && command -v busybox >/dev/null; then
+  install=(--no-install)
+fi
+set +e
+tools/rxe-vm/run-rxe-vm.sh "${install[@]}" --test extra --hostroot \
+  --cmd "sh $repo/tools/rxe-vm/in-vm.sh $repo $repo/target/debug/allreduce-perf ${exes[*]}" \
+  > "$WORK.log" 2>&1
+rc=$?
+set -e
+grep -a -E '^(test |RESULT|PERF|rank [0-9]+ (of|noticed)|RDMA selftest|HOST:|skipped)' "$WORK.log" || true
+if [ $rc -ne 0 ]; then
+  echo "RDMA step failed (run-rxe-vm.sh exit $rc); the VM's console is in $WORK.log; its last lines:"
+  tail -60 "$WORK.log"
+  exit 1
+fi
+
+# The table: ib_write_bw one way and both ways (per direction) against the 2-rank all-reduce's
+# bus bandwidth (each rank sends and receives the vector once: both directions at once), MB/s.
+awk '
+  /^PERF ib_write_bw-b / { bi[$3] = $4 / 2; next }
+  /^PERF ib_write_bw / { ib[$3] = $4 }
+  /^PERF allreduce-rdma/ { rd[$3] = $4 }
+  /^PERF allreduce-tcp/ { tc[$3] = $4 }
+  function r(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
+  END {
+    print "| size | ib_write_bw one way | ib_write_bw -b, per direction | oxccl rdma busbw | oxccl tcp busbw | rdma / one way | rdma / per direction | rdma / tcp |"
+    print "|---|---|---|---|---|---|---|---|"
+    n = split("1048576 16777216", s, " ")
+    for (i = 1; i <= n; i++) {
+      k = s[i]
+      printf "| %d MiB | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %s | %s | %s |\n", k / 1048576, ib[k], bi[k], rd[k], tc[k], r(rd[k], ib[k]), r(rd[k], bi[k]), r(rd[k], tc[k])
+    }
+  }' "$WORK.log"

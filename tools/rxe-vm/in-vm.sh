@@ -1,0 +1,57 @@
+#!/bin/sh
+# Runs inside the Soft-RoCE VM, chrooted into the host's / (read-only): the RDMA test binaries
+# built on the host, then the performance rows (ib_write_bw against allreduce-perf over rdma and
+# over tcp, 2 ranks). Prints "RESULT <name> PASS|FAIL(...)" lines that run-rxe-vm.sh and
+# tools/rxe-vm/ci.sh check, and "PERF ..." lines that ci.sh turns into the table.
+# Usage: in-vm.sh REPO ALLREDUCE_PERF TEST_BINARY...
+repo=$1; perf=$2; shift 2
+cd "$repo" || exit 1
+export OXCCL_REQUIRE_RDMA=1 RUST_BACKTRACE=1
+# The host built the rank programs just before (ci.sh); the tests must not try to rebuild them
+# on this read-only view of its disk.
+export OXCCL_EXAMPLES_CURRENT=1
+TMPDIR=${TMPDIR:-/run/tmp}
+for t in "$@"; do
+  name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
+  start=$(cut -d' ' -f1 /proc/uptime)
+  timeout 300 "$t" --test-threads 1 --nocapture 2>&1
+  rc=$?
+  took=$(awk -v s="$start" -v e="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN{printf "%.1f", e-s}')
+  if [ $rc = 0 ]; then echo "RESULT rdma-test-$name PASS ($took s)"; else echo "RESULT rdma-test-$name FAIL(rc=$rc, $took s)"; fi
+done
+
+# ib_write_bw: one RC QP, RDMA WRITE of SIZE bytes, N times, on rxe0 to itself; with -b both
+# ways at once (its figure is the sum of the two directions).
+bw() {
+  size=$1; n=$2; shift 2
+  timeout 120 ib_write_bw -d rxe0 -x 1 -F "$@" -s "$size" -n "$n" > $TMPDIR/bw.s 2>&1 & p=$!
+  sleep 1
+  timeout 120 ib_write_bw -d rxe0 -x 1 -F "$@" -s "$size" -n "$n" 127.0.0.1 > $TMPDIR/bw.c 2>&1; c=$?
+  wait $p
+  # The result row: bytes, iterations, peak MB/s, average MB/s, msg rate.
+  mbs=$(awk -v s="$size" '$1==s && NF>=4 {print $4}' $TMPDIR/bw.c | tail -1)
+  if [ $c = 0 ] && [ -n "$mbs" ]; then
+    echo "PERF ib_write_bw$* $size $mbs"
+  else
+    cat $TMPDIR/bw.c; echo "RESULT ib_write_bw$*-$size FAIL(rc=$c)"
+  fi
+}
+bw 1048576 60
+bw 16777216 8
+bw 1048576 60 -b
+bw 16777216 8 -b
+
+# allreduce-perf, 2 ranks, 1 MiB and 16 MiB, out-of-place bus bandwidth, over each transport.
+for tr in rdma tcp; do
+  timeout 300 "$perf" --ranks 2 -b 1M -e 16M -f 16 -w 1 -n 5 --transport "$tr" > $TMPDIR/ar.$tr 2>&1
+  rc=$?
+  cat $TMPDIR/ar.$tr
+  if [ $rc = 0 ]; then
+    # Rows: size count type redop root time(us) algbw busbw #wrong ...: the bus bandwidth in
+    # MB/s from the out-of-place time (2 ranks: bus bandwidth = size / time).
+    awk -v tr="$tr" '$1 ~ /^[0-9]+$/ && NF >= 9 {printf "PERF allreduce-%s %s %.1f\n", tr, $1, $1 / $6}' $TMPDIR/ar.$tr
+    echo "RESULT allreduce-perf-$tr PASS"
+  else
+    echo "RESULT allreduce-perf-$tr FAIL(rc=$rc)"
+  fi
+done

@@ -1,0 +1,448 @@
+//! The RDMA link contract on a real verbs device, ranks as threads of one process (each with
+//! its own device context, queue pairs and rings): order and exact sizes across ring wraps and
+//! more messages than the credit window, lent receives, size mismatches, a closed peer, cancel,
+//! and strangers at the side connection. Without a device they check that the transport says
+//! it is unavailable and print "skipped: …"; CI runs them in the Soft-RoCE VM
+//! (`OXCCL_REQUIRE_RDMA=1` there).
+
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oxccl_transport::auth::Secret;
+use oxccl_transport::{
+    Completion, Link, PeerInfo, RecvBuf, RecvInto, SendBuf, Transport, TransportError,
+};
+use oxccl_transport_rdma::{RdmaConfig, RdmaLink, RdmaTransport};
+
+const MAX: usize = 64 << 10;
+
+fn config(rank: usize, nranks: usize, secret: &Secret) -> RdmaConfig {
+    RdmaConfig {
+        rank,
+        nranks,
+        secret: secret.clone(),
+        bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        max_message: MAX,
+        context: b"rxe-test".to_vec(),
+        hca: None,
+        gid_index: None,
+    }
+}
+
+/// Why there is no device here (and checks the transport agrees), or `None`.
+fn unavailable() -> Option<String> {
+    let secret = Secret::random().unwrap();
+    match RdmaTransport::new(config(0, 2, &secret)) {
+        Ok(_) => None,
+        Err(TransportError::Unavailable(why)) => {
+            assert!(
+                std::env::var_os("OXCCL_REQUIRE_RDMA").is_none(),
+                "OXCCL_REQUIRE_RDMA is set but: {why}"
+            );
+            assert!(why.starts_with("rdma: "), "{why}");
+            println!("skipped: {why}");
+            Some(why)
+        }
+        Err(e) => panic!("not an Unavailable error: {e}"),
+    }
+}
+
+/// `n` ranks' transports, listening, and their peer infos.
+fn transports(n: usize, secret: &Secret) -> (Vec<RdmaTransport>, Vec<PeerInfo>) {
+    let mut ts: Vec<RdmaTransport> = (0..n)
+        .map(|r| RdmaTransport::new(config(r, n, secret)).expect("transport"))
+        .collect();
+    let infos = ts
+        .iter_mut()
+        .enumerate()
+        .map(|(r, t)| PeerInfo {
+            rank: r,
+            host: "vm".into(),
+            endpoints: vec![("rdma".into(), t.listen().expect("listen"))],
+        })
+        .collect();
+    (ts, infos)
+}
+
+/// Connects two ranks; returns (rank 0's link to 1, rank 1's link to 0).
+fn pair() -> (RdmaLink, RdmaLink) {
+    let secret = Secret::random().unwrap();
+    let (ts, infos) = transports(2, &secret);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut links: Vec<RdmaLink> = std::thread::scope(|s| {
+        let hs: Vec<_> = ts
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut t)| {
+                let infos = &infos;
+                s.spawn(move || {
+                    let peer = &infos[1 - r];
+                    t.connect_links(&[peer], deadline)
+                        .expect("connect")
+                        .remove(0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let b = links.pop().unwrap();
+    let a = links.pop().unwrap();
+    (a, b)
+}
+
+fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|k| (k * 31 + i * 7 + 1) as u8).collect()
+}
+
+/// Polls `link` until `pred` holds for the completions gathered, or 60 s pass.
+fn poll_until(
+    link: &mut RdmaLink,
+    got: &mut Vec<Completion>,
+    pred: impl Fn(&[Completion]) -> bool,
+) -> Result<(), TransportError> {
+    let end = Instant::now() + Duration::from_secs(60);
+    while !pred(got) {
+        link.poll(got)?;
+        assert!(
+            Instant::now() < end,
+            "no progress in 60 s: {got:?} on {link:?}"
+        );
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+#[test]
+fn messages_arrive_in_order_and_whole_both_ways() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (a, b) = pair();
+    // Sizes that wrap the 2 × MAX ring many times, and far more messages than the credit
+    // window of 64 (zero-length and one-byte ones included).
+    let sizes: Vec<usize> = (0..400)
+        .map(|i| match i % 7 {
+            0 => 0,
+            1 => 1,
+            2 => MAX,
+            3 => MAX / 2 + 3,
+            4 => 4096,
+            5 => 17,
+            _ => MAX - 1,
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (me, mut link) in [(0usize, a), (1, b)] {
+            let sizes = &sizes;
+            s.spawn(move || {
+                let sends: Vec<Vec<u8>> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| pattern(i + me * 1000, l))
+                    .collect();
+                for (i, m) in sends.iter().enumerate() {
+                    // SAFETY: `sends` outlives every send's completion (polled below).
+                    unsafe { link.post_send(i as u64, SendBuf::from_slice(m)) }.unwrap();
+                }
+                let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&l| vec![0u8; l]).collect();
+                let (mut sent, mut received, mut posted) = (0usize, 0usize, 0usize);
+                let end = Instant::now() + Duration::from_secs(120);
+                let mut out = Vec::new();
+                let mut bye = None;
+                while sent < sizes.len() || received < sizes.len() {
+                    // Keep a few receives posted, alternating memory and lent ones.
+                    while posted < sizes.len() && posted < received + 3 {
+                        let into = if posted % 2 == 0 {
+                            // SAFETY: bufs[posted] is not touched until its completion.
+                            RecvInto::Memory(unsafe {
+                                RecvBuf::new(bufs[posted].as_mut_ptr(), bufs[posted].len())
+                            })
+                        } else {
+                            RecvInto::Lend { len: sizes[posted] }
+                        };
+                        // SAFETY: as above.
+                        unsafe { link.post_recv(1_000_000 + posted as u64, into) }.unwrap();
+                        posted += 1;
+                    }
+                    link.poll(&mut out).unwrap();
+                    for c in out.drain(..) {
+                        match c {
+                            Completion::Sent(t) => {
+                                assert_eq!(t as usize, sent, "sends complete in order");
+                                sent += 1;
+                            }
+                            Completion::Received(t) => {
+                                let i = (t - 1_000_000) as usize;
+                                assert_eq!(i, received);
+                                assert!(
+                                    bufs[i] == pattern(i + (1 - me) * 1000, sizes[i]),
+                                    "message {i}"
+                                );
+                                received += 1;
+                            }
+                            Completion::Lent { token, ptr, len } => {
+                                let i = (token - 1_000_000) as usize;
+                                assert_eq!((i, len), (received, sizes[i]));
+                                // SAFETY: lent memory stays valid until release.
+                                let got = unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec();
+                                assert!(
+                                    got == pattern(i + (1 - me) * 1000, len),
+                                    "lent message {i}"
+                                );
+                                link.release(token);
+                                received += 1;
+                            }
+                            // The peer may finish first and say goodbye.
+                            Completion::Control(c) => bye = Some(c),
+                        }
+                    }
+                    assert!(
+                        Instant::now() < end,
+                        "rank {me}: stuck at sent {sent} received {received}"
+                    );
+                }
+                // Controls still flow, outside the data order.
+                link.post_control(format!("bye from {me}").as_bytes())
+                    .unwrap();
+                let mut got: Vec<Completion> = bye.map(Completion::Control).into_iter().collect();
+                poll_until(&mut link, &mut got, |g| {
+                    g.iter().any(|c| matches!(c, Completion::Control(_)))
+                })
+                .unwrap();
+                let Completion::Control(bytes) = &got[0] else {
+                    panic!()
+                };
+                assert_eq!(bytes, format!("bye from {}", 1 - me).as_bytes());
+                while link.control_pending() {
+                    link.poll(&mut got).unwrap();
+                }
+                // Let the peer see ours before either side drops its link.
+                std::thread::sleep(Duration::from_millis(200));
+                link
+            });
+        }
+    });
+}
+
+#[test]
+fn a_size_mismatch_is_a_protocol_error_naming_the_peer() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (mut a, mut b) = pair();
+    let msg = pattern(0, 10);
+    // SAFETY: msg outlives the send (polled to completion below or the link dropped).
+    unsafe { a.post_send(1, SendBuf::from_slice(&msg)) }.unwrap();
+    let mut buf = vec![0u8; 11];
+    // SAFETY: buf outlives b.
+    unsafe {
+        b.post_recv(
+            2,
+            RecvInto::Memory(RecvBuf::new(buf.as_mut_ptr(), buf.len())),
+        )
+    }
+    .unwrap();
+    let mut got = Vec::new();
+    let e = poll_until(&mut b, &mut got, |_| false).unwrap_err();
+    match &e {
+        TransportError::Protocol { peer: 0, what } => {
+            assert!(what.contains("10 bytes") && what.contains("11"), "{what}")
+        }
+        e => panic!("{e}"),
+    }
+    // The link stays broken with the same error.
+    assert!(matches!(
+        b.poll(&mut got),
+        Err(TransportError::Protocol { peer: 0, .. })
+    ));
+    // Oversized posts are refused at once.
+    let big = vec![0u8; MAX + 1];
+    // SAFETY: refused before any use of the memory.
+    let e = unsafe { a.post_send(3, SendBuf::from_slice(&big)) }.unwrap_err();
+    assert!(matches!(e, TransportError::Protocol { peer: 1, .. }), "{e}");
+    drop(buf);
+}
+
+#[test]
+fn a_closed_peer_fails_posted_work_promptly_and_a_finished_one_is_no_error() {
+    if unavailable().is_some() {
+        return;
+    }
+    // A peer that sent its last message and left: the message is still delivered, and a link
+    // with nothing posted is not an error.
+    let (mut a, mut b) = pair();
+    let msg = pattern(5, 1000);
+    // SAFETY: msg outlives the send, polled to completion.
+    unsafe { a.post_send(1, SendBuf::from_slice(&msg)) }.unwrap();
+    let mut got = Vec::new();
+    poll_until(&mut a, &mut got, |g| {
+        g.iter().any(|c| matches!(c, Completion::Sent(1)))
+    })
+    .unwrap();
+    drop(a);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut got = Vec::new();
+    b.poll(&mut got).expect("nothing posted: not an error");
+    assert!(b.peer_gone());
+    // SAFETY: no memory: a lent receive.
+    unsafe { b.post_recv(2, RecvInto::Lend { len: 1000 }) }.unwrap();
+    poll_until(&mut b, &mut got, |g| {
+        g.iter().any(|c| matches!(c, Completion::Lent { .. }))
+    })
+    .unwrap();
+    // A receive nothing can satisfy any more fails, naming the peer, well within 2 s.
+    b.release(2);
+    // SAFETY: as above.
+    unsafe { b.post_recv(3, RecvInto::Lend { len: 8 }) }.unwrap();
+    let t = Instant::now();
+    let e = poll_until(&mut b, &mut got, |_| false).unwrap_err();
+    assert!(matches!(e, TransportError::PeerClosed { peer: 0 }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    // close() on one side (abort): the other's posted receive fails promptly.
+    let (mut a, mut b) = pair();
+    // SAFETY: as above.
+    unsafe { b.post_recv(1, RecvInto::Lend { len: 8 }) }.unwrap();
+    let t = Instant::now();
+    a.close();
+    let e = poll_until(&mut b, &mut Vec::new(), |_| false).unwrap_err();
+    assert!(matches!(e, TransportError::PeerClosed { peer: 0 }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn cancelled_receives_never_complete_and_controls_still_flow() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (mut a, mut b) = pair();
+    let mut buf = vec![0u8; 100];
+    // SAFETY: buf outlives b; after cancel the link never touches it.
+    unsafe { b.post_recv(7, RecvInto::Memory(RecvBuf::new(buf.as_mut_ptr(), 100))) }.unwrap();
+    b.cancel();
+    let msg = pattern(1, 100);
+    // SAFETY: msg outlives the send, polled to completion.
+    unsafe { a.post_send(1, SendBuf::from_slice(&msg)) }.unwrap();
+    let mut got = Vec::new();
+    poll_until(&mut a, &mut got, |g| {
+        g.iter().any(|c| matches!(c, Completion::Sent(1)))
+    })
+    .unwrap();
+    a.post_control(b"still here").unwrap();
+    while a.control_pending() {
+        a.poll(&mut got).unwrap();
+    }
+    let mut got = Vec::new();
+    poll_until(&mut b, &mut got, |g| {
+        g.iter().any(|c| matches!(c, Completion::Control(_)))
+    })
+    .unwrap();
+    assert!(
+        got.iter()
+            .all(|c| matches!(c, Completion::Control(m) if m == b"still here")),
+        "{got:?}"
+    );
+    assert!(
+        buf.iter().all(|&x| x == 0),
+        "a cancelled receive's memory was written"
+    );
+}
+
+#[test]
+fn strangers_at_the_side_connection_are_refused_and_the_ranks_still_connect() {
+    if unavailable().is_some() {
+        return;
+    }
+    let secret = Secret::random().unwrap();
+    let (ts, infos) = transports(2, &secret);
+    let addr = oxccl_transport_tcp::decode_endpoint(infos[0].endpoint("rdma").unwrap()).unwrap();
+    // Garbage, and a party with the wrong secret claiming to be rank 1, both at rank 0.
+    let garbage = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let _ = s.write_all(&[0xab; 4096]);
+        let mut b = [0u8; 64];
+        // Turned away: the connection closes without ever being accepted.
+        let mut total = 0;
+        loop {
+            match s.read(&mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+        total
+    });
+    let wrong = Secret::random().unwrap();
+    let mut impostor = RdmaTransport::new(config(1, 2, &wrong)).unwrap();
+    impostor.listen().unwrap();
+    let target = infos[0].clone();
+    let impostor = std::thread::spawn(move || {
+        impostor
+            .connect_links(&[&target], Instant::now() + Duration::from_secs(5))
+            .map(|_| ())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let links: Vec<RdmaLink> = std::thread::scope(|s| {
+        let hs: Vec<_> = ts
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut t)| {
+                let infos = &infos;
+                s.spawn(move || {
+                    t.connect_links(&[&infos[1 - r]], deadline)
+                        .expect("connect")
+                        .remove(0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(links.len(), 2);
+    let e = impostor.join().unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TransportError::Auth(_)
+                | TransportError::Timeout(_)
+                | TransportError::PeerClosed { .. }
+                | TransportError::Io { .. }
+        ),
+        "{e}"
+    );
+    println!("impostor: {e}");
+    assert!(garbage.join().unwrap() < 64, "garbage got an answer");
+}
+
+#[test]
+fn the_device_choice_follows_the_variables() {
+    if unavailable().is_some() {
+        return;
+    }
+    let secret = Secret::random().unwrap();
+    let mut cfg = config(0, 2, &secret);
+    let c = RdmaTransport::choose(Path::new("/"), &cfg).unwrap();
+    println!(
+        "default choice: {}:{} GID {}",
+        c.port.device, c.port.port, c.gid_index
+    );
+    cfg.hca = Some(
+        oxccl_transport_rdma::device::HcaFilter::parse(&format!("^={}", c.port.device)).unwrap(),
+    );
+    let e = RdmaTransport::new(cfg.clone()).unwrap_err();
+    assert!(
+        e.to_string().contains("no active port passes OXCCL_IB_HCA"),
+        "{e}"
+    );
+    cfg.hca = Some(oxccl_transport_rdma::device::HcaFilter::parse(&c.port.device).unwrap());
+    cfg.gid_index = Some(c.gid_index);
+    let t = RdmaTransport::new(cfg).unwrap();
+    assert!(
+        t.describe()
+            .starts_with(&format!("{}:{}", c.port.device, c.port.port)),
+        "{}",
+        t.describe()
+    );
+}

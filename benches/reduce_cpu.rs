@@ -135,6 +135,16 @@ fn small(c: &mut Criterion) {
     let mut g = group(c, "reduce_256KiB", SMALL);
     memcpy(&mut g, &mut bufs);
     in_place(&mut g, "f32_sum", &mut bufs, ReduceOp::Sum, f32_val);
+    // In cache, the half types' conversions are what costs.
+    in_place(&mut g, "bf16_sum", &mut bufs, ReduceOp::Sum, |i| {
+        bf16::from_f32(f32_val(i))
+    });
+    out_of_place(&mut g, "bf16_sum_into", &mut bufs, ReduceOp::Sum, |i| {
+        bf16::from_f32(f32_val(i))
+    });
+    in_place(&mut g, "f16_sum", &mut bufs, ReduceOp::Sum, |i| {
+        f16::from_f32(f32_val(i))
+    });
     g.finish();
 }
 

@@ -42,8 +42,13 @@ fi
 # The table: ib_write_bw one way and both ways (per direction) against the 2-rank all-reduce's
 # bus bandwidth (each rank sends and receives the vector once: both directions at once), MB/s.
 awk '
-  /^PERF ib_write_bw-b / { bi[$3] = $4 / 2; next }
-  /^PERF ib_write_bw / { ib[$3] = $4 }
+  function median(list,    v, n, i, j, t) {
+    n = split(list, v, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
+    return n ? v[int((n + 1) / 2)] : 0
+  }
+  /^PERF ib_write_bw-b / { bi[$3] = bi[$3] " " $4 / 2; next }
+  /^PERF ib_write_bw / { ib[$3] = ib[$3] " " $4 }
   /^PERF allreduce-rdma/ { rd[$3] = $4 }
   /^PERF allreduce-tcp/ { tc[$3] = $4 }
   function r(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
@@ -52,7 +57,8 @@ awk '
     print "|---|---|---|---|---|---|---|---|"
     n = split("1048576 16777216", s, " ")
     for (i = 1; i <= n; i++) {
-      k = s[i]
-      printf "| %d MiB | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %s | %s | %s |\n", k / 1048576, ib[k], bi[k], rd[k], tc[k], r(rd[k], ib[k]), r(rd[k], bi[k]), r(rd[k], tc[k])
+      k = s[i]; o = median(ib[k]); b = median(bi[k])
+      printf "| %d MiB | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %s | %s | %s |\n", k / 1048576, o, b, rd[k], tc[k], r(rd[k], o), r(rd[k], b), r(rd[k], tc[k])
     }
+    print "(ib_write_bw: the median of three runs; oxccl: allreduce-perf -R 3, the median of three timed loops)"
   }' "$WORK.log"

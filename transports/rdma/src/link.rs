@@ -2,17 +2,19 @@
 //! connection the two sides met over, which stays as the control channel and as the fastest
 //! sign that the peer's process is gone.
 //!
-//! The data path: each side owns a receive ring of `2 × max_message` bytes (registered for
-//! the peer's RDMA WRITEs) and a send staging area of the same size. A send is copied into the
-//! staging area at the place it will take in the peer's ring and written there with one RDMA
-//! WRITE WITH IMM whose immediate is the length; both sides place messages by the same rule
-//! (contiguous; wrapping to the start when the end has no room), so the receiver knows where
-//! a message starts from its length alone. A receive posted as [`RecvInto::Lend`] is lent
-//! straight out of the ring (no copy); one into memory is copied out once. The receiver
-//! returns space by message count, in a zero-length WRITE WITH IMM with the top bit set, at
-//! most one in flight at a time. Every work request is signalled, and a send completes only
-//! when its write's completion says the peer's device has the bytes, so a rank that saw all
-//! its sends complete may exit without losing data.
+//! The data path: each side owns a receive ring (registered for the peer's RDMA WRITEs) and a
+//! send staging area of the same size, cut into slots ([`Geometry`]). A send is copied into
+//! the staging area at the place it will take in the peer's ring and written there with one
+//! RDMA WRITE WITH IMM whose immediate is the length. Both sides place messages by the same
+//! rule ([`place`]: a whole number of slots, at least one, contiguous, wrapping to the start
+//! when the end has no room), so the receiver knows where a message starts from its length
+//! alone, and the ring never holds more messages than it has slots — which bounds the receive
+//! queue and the receiver's bookkeeping whatever the sizes. A receive posted as
+//! [`RecvInto::Lend`] is lent straight out of the ring (no copy; slot-aligned); one into memory
+//! is copied out once. The receiver frees the ring in order and returns space as its new tail,
+//! in a zero-length WRITE WITH IMM with the top bit set, at most one in flight. Every work
+//! request is signalled, and a send completes only when its write's completion says the peer's
+//! device has the bytes, so a rank that saw all its sends complete may exit without losing data.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -25,35 +27,69 @@ use oxccl_transport_tcp::TcpLink;
 use crate::sys::{self, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
 use crate::verbs::{Depths, Queue, Region, Remote};
 
-/// Data messages one side may have in the peer's ring before it returns space.
-pub(crate) const MAX_INFLIGHT: usize = 64;
-/// Send queue depth: data writes whose completions have not been polled, plus credits.
-pub(crate) const SEND_DEPTH: u32 = 2 * MAX_INFLIGHT as u32;
-/// Receive queue depth: every WRITE WITH IMM takes one receive; between two polls the peer
-/// can land at most `MAX_INFLIGHT` data messages and as many credits.
-pub(crate) const RECV_DEPTH: u32 = 2 * MAX_INFLIGHT as u32 + 8;
-pub(crate) const DEPTHS: Depths = Depths {
-    send: SEND_DEPTH,
-    recv: RECV_DEPTH,
-};
-/// The immediate's top bit marks a credit; the rest counts messages, modulo 2^31.
-const CREDIT: u32 = 1 << 31;
-const COUNT_MASK: u32 = CREDIT - 1;
+/// A ring's layout for messages of up to `max_message` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// The placement unit in bytes: a multiple of 64, about 1/128 of the largest message.
+    pub slot: u64,
+    /// The ring's length: three largest messages, a whole number of pages — so that while one
+    /// is lent, wherever it lies, another always fits behind it (wrapping can waste up to a
+    /// message's worth at the end).
+    pub cap: u64,
+}
+
+impl Geometry {
+    pub(crate) fn new(max_message: usize) -> Geometry {
+        let slot = (max_message as u64 / 128).next_multiple_of(64).max(64);
+        let page = rustix::param::page_size() as u64;
+        let size = (max_message as u64).next_multiple_of(slot).max(slot);
+        let cap = (3 * size).next_multiple_of(page);
+        Geometry { slot, cap }
+    }
+
+    /// The most messages the ring can hold.
+    pub(crate) fn messages(&self) -> u64 {
+        self.cap / self.slot
+    }
+
+    /// Queue depths: the receive queue takes one entry per incoming write, and between two
+    /// polls the peer can land at most a ringful of messages and one credit for each of this
+    /// side's messages (a ringful of the peer's); the send queue holds that many writes and
+    /// the credit.
+    pub(crate) fn depths(&self) -> Depths {
+        let m = self.messages() as u32;
+        Depths {
+            send: m + 8,
+            recv: 2 * m + 8,
+        }
+    }
+}
+
+/// The immediate's top bit marks a credit; the rest is the receiver's tail in slots, modulo
+/// 2^31.
+pub(crate) const CREDIT: u32 = 1 << 31;
+const TAIL_MASK: u32 = CREDIT - 1;
 /// How long after the side connection closed a posted operation may still complete from
 /// completions already on their way before the link reports the peer gone.
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
 const WR_DATA: u64 = 1;
 const WR_CREDIT: u64 = 2;
+/// The bring-up probe: a zero-length credit that moves nothing (a tail of 0 at the start),
+/// which the peer's link takes as a no-op.
+pub(crate) const WR_PROBE: u64 = 3;
 
-/// Where a message of `len` bytes starts when the ring's writer is at `head`: right there,
-/// or at the start of the next lap if it would not fit before the end.
-pub(crate) fn place(head: u64, len: usize, cap: u64) -> u64 {
+/// Where a message of `len` bytes starts and ends when the ring's writer is at `head` (a
+/// multiple of `slot`): it takes whole slots, at least one, right there, or from the start of
+/// the next lap if it would not fit before the end.
+pub(crate) fn place(head: u64, len: usize, slot: u64, cap: u64) -> (u64, u64) {
+    let size = (len as u64).next_multiple_of(slot).max(slot);
     let off = head % cap;
-    if len as u64 > cap - off {
+    let start = if size > cap - off {
         head + (cap - off)
     } else {
         head
-    }
+    };
+    (start, start + size)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +102,7 @@ enum State {
 #[derive(Debug)]
 struct Arrived {
     start: u64,
+    end: u64,
     len: usize,
     state: State,
 }
@@ -97,25 +134,25 @@ pub struct RdmaLink {
     ring: Region,
     staging: Region,
     remote: Remote,
+    /// This side's ring layout; the peer's is in `remote`.
+    geometry: Geometry,
+    depths: Depths,
     // Sending.
     pending: VecDeque<(Token, SendBuf)>,
     head: u64,
-    /// Ends (in the peer's ring) of messages the peer has not returned yet.
-    inflight: VecDeque<u64>,
-    credited: u32,
+    /// How far the peer has freed its ring.
     peer_tail: u64,
     posted: VecDeque<Posted>,
     // Receiving.
     recvs: VecDeque<(Token, RecvInto)>,
     rhead: u64,
     tail: u64,
+    tail_sent: u64,
     arrived: VecDeque<Arrived>,
     /// Sequence number of `arrived[0]`.
     base: u64,
     /// Sequence number of the next message to match with a posted receive.
     next: u64,
-    consumed: u32,
-    credit_sent: u32,
     credit_inflight: bool,
     lent: Option<(Token, u64)>,
     rq_posted: u32,
@@ -123,6 +160,9 @@ pub struct RdmaLink {
     stash: Vec<IbvWc>,
     controls: Vec<Vec<u8>>,
     closed_since: Option<Instant>,
+    /// The queue pair failed (a completion with an error): nothing more arrives or leaves;
+    /// what already arrived is still delivered.
+    qp_dead: Option<String>,
     broken: Option<Broken>,
 }
 
@@ -133,7 +173,9 @@ impl std::fmt::Debug for RdmaLink {
             .field("device", &self.queue.dev)
             .field("qpn", &self.queue.qpn)
             .field("pending", &self.pending.len())
-            .field("inflight", &self.inflight.len())
+            .field("head", &self.head)
+            .field("peer_tail", &self.peer_tail)
+            .field("tail", &self.tail)
             .field("posted", &self.posted.len())
             .field("recvs", &self.recvs.len())
             .field("arrived", &self.arrived.len())
@@ -159,6 +201,8 @@ impl RdmaLink {
         remote: Remote,
         rq_posted: u32,
         controls: Vec<Vec<u8>>,
+        stash: Vec<IbvWc>,
+        geometry: Geometry,
     ) -> RdmaLink {
         RdmaLink {
             peer,
@@ -168,35 +212,39 @@ impl RdmaLink {
             ring,
             staging,
             remote,
+            geometry,
+            depths: geometry.depths(),
             pending: VecDeque::new(),
             head: 0,
-            inflight: VecDeque::new(),
-            credited: 0,
             peer_tail: 0,
             posted: VecDeque::new(),
             recvs: VecDeque::new(),
             rhead: 0,
             tail: 0,
+            tail_sent: 0,
             arrived: VecDeque::new(),
             base: 0,
             next: 0,
-            consumed: 0,
-            credit_sent: 0,
             credit_inflight: false,
             lent: None,
             rq_posted,
             discard: false,
-            stash: Vec::new(),
+            stash,
             controls,
             closed_since: None,
+            qp_dead: None,
             broken: None,
         }
     }
 
     /// Posts receive work requests (no memory: WRITE WITH IMM only needs the entry) until
-    /// `rq_posted` is `RECV_DEPTH`.
-    pub(crate) fn fill_receives(queue: &Queue, rq_posted: &mut u32) -> Result<(), String> {
-        let want = RECV_DEPTH - *rq_posted;
+    /// `rq_posted` is `depth`.
+    pub(crate) fn fill_receives(
+        queue: &Queue,
+        rq_posted: &mut u32,
+        depth: u32,
+    ) -> Result<(), String> {
+        let want = depth.saturating_sub(*rq_posted);
         if want == 0 {
             return Ok(());
         }
@@ -220,7 +268,33 @@ impl RdmaLink {
                 std::io::Error::from_raw_os_error(rc)
             ));
         }
-        *rq_posted = RECV_DEPTH;
+        *rq_posted = depth;
+        Ok(())
+    }
+
+    /// Posts the bring-up probe: a zero-length write with the immediate of a credit for no
+    /// message, signalled with [`WR_PROBE`].
+    pub(crate) fn post_probe(queue: &Queue, remote: &Remote) -> Result<(), String> {
+        let mut wr = IbvSendWr {
+            wr_id: WR_PROBE,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+            opcode: sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+            send_flags: sys::IBV_SEND_SIGNALED,
+            imm_data: CREDIT.to_be(),
+            remote_addr: remote.ring_addr,
+            rkey: remote.ring_rkey,
+            _rest: [0; 76],
+        };
+        // SAFETY: the work request lives for the call and names no memory; the QP is live.
+        let rc = unsafe { queue.dev.v.post_send(queue.qp, &mut wr) };
+        if rc != 0 {
+            return Err(format!(
+                "post the probe write: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+        }
         Ok(())
     }
 
@@ -246,7 +320,7 @@ impl RdmaLink {
     }
 
     fn recv_cap(&self) -> u64 {
-        self.ring.len() as u64
+        self.geometry.cap
     }
 
     /// Takes what the completion queue holds into `stash`; the number taken.
@@ -272,17 +346,18 @@ impl RdmaLink {
 
     fn handle(&mut self, wc: IbvWc, out: &mut Vec<Completion>) -> Result<(), Broken> {
         if wc.status != sys::IBV_WC_SUCCESS {
-            if wc.status == sys::IBV_WC_WR_FLUSH_ERR && self.broken.is_some() {
-                return Ok(());
-            }
-            return Err(match wc.status {
-                sys::IBV_WC_RETRY_EXC_ERR | sys::IBV_WC_RNR_RETRY_EXC_ERR => Broken::Closed,
-                s => Broken::Io(format!(
-                    "work completion failed: {} (status {s}, vendor error {:#x})",
-                    sys::wc_status_name(s),
+            // The first error says why; the rest are the queue's work flushed after it. Posted
+            // work whose completion never comes keeps `waiting_on_peer` true, so the link
+            // fails only if something still needs the peer.
+            if self.qp_dead.is_none() {
+                self.qp_dead = Some(format!(
+                    "{} (status {}, vendor error {:#x})",
+                    sys::wc_status_name(wc.status),
+                    wc.status,
                     wc.vendor_err
-                )),
-            });
+                ));
+            }
+            return Ok(());
         }
         match wc.opcode {
             sys::IBV_WC_RECV_RDMA_WITH_IMM => {
@@ -294,7 +369,7 @@ impl RdmaLink {
                 }
                 let imm = u32::from_be(wc.imm_data);
                 if imm & CREDIT != 0 {
-                    self.credit(imm & COUNT_MASK)
+                    self.credit(imm & TAIL_MASK)
                 } else {
                     self.arrive(imm as usize, wc.byte_len as usize)
                 }
@@ -320,18 +395,18 @@ impl RdmaLink {
         }
     }
 
-    fn credit(&mut self, count: u32) -> Result<(), Broken> {
-        let n = count.wrapping_sub(self.credited) & COUNT_MASK;
-        if n as usize > self.inflight.len() {
+    /// The peer freed its ring up to `tail` slots (modulo 2^31).
+    fn credit(&mut self, tail: u32) -> Result<(), Broken> {
+        let slot = self.remote.slot as u64;
+        let moved = u64::from(tail.wrapping_sub((self.peer_tail / slot) as u32) & TAIL_MASK);
+        let new = self.peer_tail + moved * slot;
+        if new > self.head {
             return Err(Broken::Protocol(format!(
-                "returned space for {n} messages, but {} are outstanding",
-                self.inflight.len()
+                "returned ring space up to {new}, past the {} bytes written",
+                self.head
             )));
         }
-        for _ in 0..n {
-            self.peer_tail = self.inflight.pop_front().unwrap_or(self.peer_tail);
-        }
-        self.credited = count;
+        self.peer_tail = new;
         Ok(())
     }
 
@@ -342,12 +417,10 @@ impl RdmaLink {
                 self.max_message
             )));
         }
-        let cap = self.recv_cap();
-        let start = place(self.rhead, len, cap);
-        let end = start + len as u64;
-        if end - self.tail > cap || self.arrived.len() >= MAX_INFLIGHT {
+        let (start, end) = place(self.rhead, len, self.geometry.slot, self.geometry.cap);
+        if end - self.tail > self.geometry.cap {
             return Err(Broken::Protocol(format!(
-                "wrote past the space it was given ({} messages held)",
+                "wrote past the ring space it was given ({} messages held)",
                 self.arrived.len()
             )));
         }
@@ -357,7 +430,12 @@ impl RdmaLink {
         } else {
             State::Waiting
         };
-        self.arrived.push_back(Arrived { start, len, state });
+        self.arrived.push_back(Arrived {
+            start,
+            end,
+            len,
+            state,
+        });
         Ok(())
     }
 
@@ -410,16 +488,16 @@ impl RdmaLink {
     fn return_space(&mut self) -> Result<(), Broken> {
         while self.arrived.front().is_some_and(|m| m.state == State::Done) {
             let m = self.arrived.pop_front().unwrap();
-            self.tail = m.start + m.len as u64;
+            self.tail = m.end;
             self.base += 1;
-            self.consumed = self.consumed.wrapping_add(1) & COUNT_MASK;
         }
         self.next = self.next.max(self.base);
-        if self.credit_inflight || self.consumed == self.credit_sent {
+        if self.credit_inflight || self.tail == self.tail_sent || self.qp_dead.is_some() {
             return Ok(());
         }
-        self.post_write(WR_CREDIT, 0, 0, CREDIT | self.consumed)?;
-        self.credit_sent = self.consumed;
+        let tail = (self.tail / self.geometry.slot) as u32 & TAIL_MASK;
+        self.post_write(WR_CREDIT, 0, 0, CREDIT | tail)?;
+        self.tail_sent = self.tail;
         self.credit_inflight = true;
         self.posted.push_back(Posted::Credit);
         Ok(())
@@ -458,14 +536,18 @@ impl RdmaLink {
     /// Copies queued sends into the staging area and writes them while the peer's ring and
     /// the send queue have room.
     fn start_sends(&mut self) -> Result<(), Broken> {
-        let cap = self.remote.ring_len;
+        let (slot, cap) = (self.remote.slot as u64, self.remote.ring_len);
+        if self.qp_dead.is_some() {
+            return Ok(());
+        }
         while let Some(&(token, buf)) = self.pending.front() {
-            let len = buf.len();
-            if self.inflight.len() >= MAX_INFLIGHT || self.posted.len() + 1 >= SEND_DEPTH as usize {
+            // One entry stays for the credit.
+            if self.posted.len() + 2 > self.depths.send as usize {
                 break;
             }
-            let start = place(self.head, len, cap);
-            if start + len as u64 - self.peer_tail > cap {
+            let len = buf.len();
+            let (start, end) = place(self.head, len, slot, cap);
+            if end - self.peer_tail > cap {
                 break;
             }
             let off = start % cap;
@@ -475,8 +557,7 @@ impl RdmaLink {
                 std::ptr::copy_nonoverlapping(buf.ptr(), self.staging.ptr().add(off as usize), len)
             };
             self.post_write(WR_DATA, off, len, len as u32)?;
-            self.head = start + len as u64;
-            self.inflight.push_back(self.head);
+            self.head = end;
             self.posted.push_back(Posted::Data(Some(token)));
             self.pending.pop_front();
         }
@@ -494,19 +575,8 @@ impl RdmaLink {
             || (!self.recvs.is_empty() && unmatched)
     }
 
-    fn poll_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
-        self.queue.drain_events();
-        self.take_completions();
-        for wc in std::mem::take(&mut self.stash) {
-            self.handle(wc, out)?;
-        }
-        if let Some(b) = self.broken.take() {
-            return Err(b);
-        }
-        Self::fill_receives(&self.queue, &mut self.rq_posted).map_err(Broken::Io)?;
-        self.match_receives(out)?;
-        self.return_space()?;
-        self.start_sends()?;
+    /// Takes what the side connection has: control messages go to `out`.
+    fn poll_side(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
         for c in self.controls.drain(..) {
             out.push(Completion::Control(c));
         }
@@ -518,17 +588,73 @@ impl RdmaLink {
             }
         }
         match r {
-            Err(TransportError::PeerClosed { .. }) => return Err(Broken::Closed),
-            Err(e) => return Err(Broken::Io(format!("side connection: {e}"))),
-            Ok(()) => {}
+            Err(TransportError::PeerClosed { .. }) => Err(Broken::Closed),
+            Err(e) => Err(Broken::Io(format!("side connection: {e}"))),
+            Ok(()) => Ok(()),
         }
-        if self.side.peer_closed() && self.waiting_on_peer() {
+    }
+
+    fn poll_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
+        // The side connection first: a failure notice there names the cause better than the
+        // queue pair's own error would.
+        self.poll_side(out)?;
+        self.queue.drain_events();
+        self.take_completions();
+        for wc in std::mem::take(&mut self.stash) {
+            self.handle(wc, out)?;
+        }
+        if let Some(b) = self.broken.take() {
+            return Err(b);
+        }
+        if self.qp_dead.is_none() {
+            Self::fill_receives(&self.queue, &mut self.rq_posted, self.depths.recv)
+                .map_err(Broken::Io)?;
+        }
+        self.match_receives(out)?;
+        self.return_space()?;
+        self.start_sends()?;
+        if !self.waiting_on_peer() {
+            return Ok(());
+        }
+        if let Some(why) = &self.qp_dead {
+            // Nothing more can arrive or leave over this queue pair.
+            return Err(if self.side.peer_closed() {
+                Broken::Closed
+            } else {
+                Broken::Io(format!(
+                    "rank {} is unreachable over rdma: {why}",
+                    self.peer
+                ))
+            });
+        }
+        if self.side.peer_closed() {
             let since = *self.closed_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= CLOSE_GRACE {
                 return Err(Broken::Closed);
             }
         }
         Ok(())
+    }
+
+    /// Whether `poll` could complete something with no new completion or side data: taken
+    /// completions or controls not yet handed out, a posted receive an arrived message
+    /// matches, a credit or a queued send that can go.
+    fn ready_without_event(&mut self) -> bool {
+        if !self.stash.is_empty() || !self.controls.is_empty() {
+            return true;
+        }
+        let unmatched = ((self.next - self.base) as usize) < self.arrived.len();
+        let next_lends = matches!(self.recvs.front(), Some((_, RecvInto::Lend { .. })));
+        if !self.recvs.is_empty() && unmatched && !(next_lends && self.lent.is_some()) {
+            return true;
+        }
+        let (posted, tail) = (self.posted.len(), self.tail);
+        let r = self.return_space().and_then(|()| self.start_sends());
+        if let Err(b) = r {
+            self.broken = Some(b);
+            return true;
+        }
+        self.posted.len() != posted || self.tail != tail
     }
 }
 
@@ -613,10 +739,13 @@ impl Link for RdmaLink {
     }
 
     fn arm(&mut self) -> bool {
+        if self.broken.is_some() || self.ready_without_event() {
+            return false;
+        }
         // SAFETY: the CQ is live.
         let rc = unsafe { self.queue.dev.v.req_notify_cq(self.queue.cq, false) };
         // Completions that came before the request raise no event: look once more.
-        if rc != 0 || self.take_completions() > 0 || !self.controls.is_empty() {
+        if rc != 0 || self.take_completions() > 0 {
             return false;
         }
         self.side.arm()
@@ -679,15 +808,49 @@ impl Link for RdmaLink {
 
 #[cfg(test)]
 mod tests {
-    use super::place;
+    use super::{Geometry, place};
 
     #[test]
-    fn placement_wraps_only_when_the_end_has_no_room() {
-        assert_eq!(place(0, 10, 100), 0);
-        assert_eq!(place(90, 10, 100), 90);
-        assert_eq!(place(91, 10, 100), 100);
-        assert_eq!(place(195, 0, 100), 195);
-        assert_eq!(place(250, 100, 100), 300);
-        assert_eq!(place(300, 100, 100), 300);
+    fn placement_takes_whole_slots_and_wraps_only_when_the_end_has_no_room() {
+        assert_eq!(place(0, 10, 64, 1024), (0, 64));
+        assert_eq!(place(0, 0, 64, 1024), (0, 64));
+        assert_eq!(place(64, 65, 64, 1024), (64, 192));
+        assert_eq!(place(960, 64, 64, 1024), (960, 1024));
+        assert_eq!(place(960, 65, 64, 1024), (1024, 1152));
+        assert_eq!(place(1024 + 512, 512, 64, 1024), (1536, 2048));
+        assert_eq!(place(1024 + 576, 512, 64, 1024), (2048, 2560));
+    }
+
+    #[test]
+    fn a_lent_message_anywhere_leaves_room_for_the_next_one() {
+        for max in [
+            1,
+            64,
+            100,
+            4096,
+            65536,
+            256 << 10,
+            (256 << 10) + 1,
+            4 << 20,
+            64 << 20,
+        ] {
+            let g = Geometry::new(max);
+            assert_eq!(g.slot % 64, 0);
+            assert_eq!(g.cap % rustix::param::page_size() as u64, 0);
+            assert!(g.messages() <= 400 || g.slot == 64, "{max}: {g:?}");
+            assert!(g.depths().recv >= 2 * g.messages() as u32);
+            // A largest message lent at each slot of the ring (the tail there), the writer
+            // right behind it: the next largest message still fits.
+            let step = (g.cap / g.slot / 512).max(1) * g.slot;
+            for lap in [0, 7] {
+                let mut at = lap * g.cap;
+                while at < (lap + 1) * g.cap {
+                    let (start, end) = place(at, max, g.slot, g.cap);
+                    let (_, next) = place(end, max, g.slot, g.cap);
+                    assert!(next - start <= g.cap, "{max}: lent at {start}: {g:?}");
+                    at += step;
+                }
+            }
+        }
     }
 }

@@ -57,7 +57,6 @@ pub mod offset {
     pub const PORT_ATTR_ACTIVE_MTU: usize = 8;
     pub const PORT_ATTR_LID: usize = 34;
     pub const PORT_ATTR_LINK_LAYER: usize = 46;
-    pub const PORT_ATTR_SIZE: usize = 52;
     pub const MR_LKEY: usize = 36;
     pub const MR_RKEY: usize = 40;
     pub const QP_NUM: usize = 52;
@@ -285,10 +284,6 @@ pub fn layout_facts() -> Vec<(&'static str, i64)> {
         (
             "offsetof(struct ibv_port_attr, link_layer)",
             offset::PORT_ATTR_LINK_LAYER as i64,
-        ),
-        (
-            "sizeof(struct ibv_port_attr)",
-            offset::PORT_ATTR_SIZE as i64,
         ),
         ("offsetof(struct ibv_mr, lkey)", offset::MR_LKEY as i64),
         ("offsetof(struct ibv_mr, rkey)", offset::MR_RKEY as i64),

@@ -20,7 +20,8 @@ use oxccl_transport::{Completion, Link, PeerInfo, Rank, Result, Transport, Trans
 use oxccl_transport_tcp::{TcpConfig, TcpLink, TcpTransport};
 
 use crate::device::{self, Choice, HcaFilter};
-use crate::link::{DEPTHS, RdmaLink};
+use crate::link::{Geometry, RdmaLink, WR_PROBE};
+use crate::sys::{self, IbvWc};
 use crate::verbs::{Device, Queue, Region, Remote};
 
 /// The control message a side sends once its queue pair is ready to receive.
@@ -171,18 +172,26 @@ struct Pair {
     rq_posted: u32,
     remote: Option<Remote>,
     peer_ready: bool,
+    /// The probe write went out (after the peer's READY) and completed.
+    probed: Option<bool>,
     early: Vec<Vec<u8>>,
+    /// Completions taken while waiting for the probe's (the peer's own probe, or data from a
+    /// peer already running), handed to the link.
+    stash: Vec<IbvWc>,
+    max_message: usize,
+    geometry: Geometry,
 }
 
 impl Pair {
     fn new(dev: &Arc<Device>, mut side: TcpLink, max_message: usize) -> Result<Pair> {
         let peer = side.peer();
         let fail = |e: String| TransportError::Unavailable(format!("{e} (link to rank {peer})"));
-        let queue = Queue::new(dev, DEPTHS).map_err(fail)?;
-        let ring = Region::new(dev, 2 * max_message, true).map_err(fail)?;
-        let staging = Region::new(dev, 2 * max_message, false).map_err(fail)?;
+        let geometry = Geometry::new(max_message);
+        let queue = Queue::new(dev, geometry.depths()).map_err(fail)?;
+        let ring = Region::new(dev, geometry.cap as usize, true).map_err(fail)?;
+        let staging = Region::new(dev, geometry.cap as usize, false).map_err(fail)?;
         let mut rq_posted = 0;
-        RdmaLink::fill_receives(&queue, &mut rq_posted).map_err(fail)?;
+        RdmaLink::fill_receives(&queue, &mut rq_posted, geometry.depths().recv).map_err(fail)?;
         let mut r = [0u8; 4];
         getrandom::fill(&mut r)
             .map_err(|e| fail(format!("rdma: draw a packet sequence number: {e}")))?;
@@ -196,7 +205,8 @@ impl Pair {
             mtu: dev.mtu,
             ring_addr: ring.ptr() as u64,
             ring_rkey: ring.rkey,
-            ring_len: ring.len() as u64,
+            ring_len: geometry.cap,
+            slot: geometry.slot as u32,
         };
         side.post_control(&mine.encode())?;
         Ok(Pair {
@@ -208,7 +218,11 @@ impl Pair {
             rq_posted,
             remote: None,
             peer_ready: false,
+            probed: None,
             early: Vec::new(),
+            stash: Vec::new(),
+            max_message,
+            geometry,
         })
     }
 
@@ -217,7 +231,48 @@ impl Pair {
     }
 
     fn done(&self) -> bool {
-        self.remote.is_some() && self.peer_ready && !self.side.control_pending()
+        self.remote.is_some()
+            && self.peer_ready
+            && self.probed == Some(true)
+            && !self.side.control_pending()
+    }
+
+    /// Posts the probe once the peer's queue pair is up, and looks for its completion: the
+    /// fabric really carries this pair's traffic (READY only proves the TCP path).
+    fn probe(&mut self) -> Result<()> {
+        let peer = self.peer();
+        let (Some(remote), true) = (&self.remote, self.peer_ready) else {
+            return Ok(());
+        };
+        if self.probed.is_none() {
+            RdmaLink::post_probe(&self.queue, remote).map_err(|e| {
+                TransportError::Unavailable(format!("rdma: {e} (link to rank {peer})"))
+            })?;
+            self.probed = Some(false);
+        }
+        let mut wc = [IbvWc::default(); 16];
+        // SAFETY: the CQ is live and `wc` has room for 16 entries.
+        let n = unsafe { self.queue.dev.v.poll_cq(self.queue.cq, 16, wc.as_mut_ptr()) };
+        for w in &wc[..n.max(0) as usize] {
+            if (w.wr_id == WR_PROBE && w.opcode == sys::IBV_WC_RDMA_WRITE) || w.status != 0 {
+                if w.status != sys::IBV_WC_SUCCESS {
+                    return Err(TransportError::Unavailable(format!(
+                        "rdma: rank {peer} is not reachable over rdma from {}: the probe write failed: {} (status {}); check OXCCL_IB_HCA and OXCCL_IB_GID_INDEX on both ranks",
+                        self.describe_local(),
+                        sys::wc_status_name(w.status),
+                        w.status
+                    )));
+                }
+                self.probed = Some(true);
+            } else {
+                self.stash.push(*w);
+            }
+        }
+        Ok(())
+    }
+
+    fn describe_local(&self) -> String {
+        format!("{:?}", self.queue.dev)
     }
 
     fn step(&mut self, out: &mut Vec<Completion>) -> Result<()> {
@@ -236,6 +291,16 @@ impl Pair {
                     peer,
                     what: format!("rdma: unreadable queue-pair facts ({} bytes)", b.len()),
                 })?;
+                let size = (self.max_message as u64).next_multiple_of(u64::from(r.slot));
+                if r.ring_len < 3 * size {
+                    return Err(TransportError::Protocol {
+                        peer,
+                        what: format!(
+                            "rdma: its receive ring of {} bytes cannot hold three messages of {} (do the ranks agree on OXCCL_SLICE_BYTES?)",
+                            r.ring_len, self.max_message
+                        ),
+                    });
+                }
                 if r.ring_len > self.staging.len() as u64 {
                     return Err(TransportError::Protocol {
                         peer,
@@ -263,7 +328,7 @@ impl Pair {
                 });
             }
         }
-        Ok(())
+        self.probe()
     }
 
     fn into_link(self, max_message: usize) -> RdmaLink {
@@ -278,6 +343,8 @@ impl Pair {
             self.remote.expect("connected"),
             self.rq_posted,
             self.early,
+            self.stash,
+            self.geometry,
         )
     }
 }

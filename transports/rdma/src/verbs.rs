@@ -134,7 +134,13 @@ impl Device {
         if rc != 0 {
             return Err(close(os_error(
                 &format!("rdma: {name} port {port}: read GID {}", choice.gid_index),
-                Some(rc),
+                None,
+            )));
+        }
+        if gid.0 == [0; 16] && choice.port.link_layer == LinkLayer::Ethernet {
+            return Err(close(format!(
+                "rdma: {name} port {port}: GID {} is empty",
+                choice.gid_index
             )));
         }
         // SAFETY: ctx is open.
@@ -496,12 +502,14 @@ pub struct Remote {
     pub ring_rkey: u32,
     /// The ring's length in bytes.
     pub ring_len: u64,
+    /// The ring's placement unit in bytes.
+    pub slot: u32,
 }
 
 /// The connection message's magic and version.
 const MAGIC: &[u8; 4] = b"OXR1";
 /// Bytes in an encoded [`Remote`].
-pub const REMOTE_LEN: usize = 4 + 16 + 1 + 2 + 4 + 4 + 1 + 8 + 4 + 8;
+pub const REMOTE_LEN: usize = 4 + 16 + 1 + 2 + 4 + 4 + 1 + 8 + 4 + 8 + 4;
 
 impl Remote {
     /// The fixed-size little-endian form sent over the authenticated side connection.
@@ -517,6 +525,7 @@ impl Remote {
         b.extend(self.ring_addr.to_le_bytes());
         b.extend(self.ring_rkey.to_le_bytes());
         b.extend(self.ring_len.to_le_bytes());
+        b.extend(self.slot.to_le_bytes());
         b
     }
 
@@ -542,8 +551,14 @@ impl Remote {
             ring_addr: u64_at(32),
             ring_rkey: u32_at(40),
             ring_len: u64_at(44),
+            slot: u32_at(52),
         };
-        let ok = r.qpn < 1 << 24 && r.psn < 1 << 24 && (1..=5).contains(&r.mtu);
+        let ok = r.qpn < 1 << 24
+            && r.psn < 1 << 24
+            && (1..=5).contains(&r.mtu)
+            && r.slot >= 64
+            && r.slot.is_multiple_of(64)
+            && r.ring_len.is_multiple_of(u64::from(r.slot));
         ok.then_some(r)
     }
 }
@@ -564,6 +579,7 @@ mod tests {
             ring_addr: 0x7f00_0000_1000,
             ring_rkey: 99,
             ring_len: 8 << 20,
+            slot: 4096,
         };
         let e = r.encode();
         assert_eq!(e.len(), REMOTE_LEN);
@@ -580,8 +596,11 @@ mod tests {
         let mut bad = e.clone();
         bad[26] = 1; // qpn ≥ 2^24
         assert_eq!(Remote::decode(&bad), None);
-        let mut bad = e;
+        let mut bad = e.clone();
         bad[20] = 2;
+        assert_eq!(Remote::decode(&bad), None);
+        let mut bad = e;
+        bad[52] = 1; // a slot that is not a multiple of 64
         assert_eq!(Remote::decode(&bad), None);
     }
 }

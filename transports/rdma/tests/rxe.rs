@@ -536,3 +536,67 @@ fn the_device_choice_follows_the_variables() {
         t.describe()
     );
 }
+
+#[test]
+fn an_idle_link_sleeps_on_its_completion_channel_and_wakes_for_data() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (mut a, mut b) = pair();
+    let sender = std::thread::spawn(move || {
+        let msg = pattern(3, 100);
+        std::thread::sleep(Duration::from_secs(1));
+        // SAFETY: msg outlives the send, polled to completion.
+        unsafe { a.post_send(1, SendBuf::from_slice(&msg)) }.unwrap();
+        let mut got = Vec::new();
+        poll_until(&mut a, &mut got, |g| {
+            g.iter().any(|c| matches!(c, Completion::Sent(1)))
+        })
+        .unwrap();
+        a
+    });
+    // SAFETY: a lent receive, no memory.
+    unsafe { b.post_recv(2, RecvInto::Lend { len: 100 }) }.unwrap();
+    let t = Instant::now();
+    let (mut sleeps, mut got) = (0, Vec::new());
+    loop {
+        b.poll(&mut got).unwrap();
+        if got
+            .iter()
+            .any(|c| matches!(c, Completion::Lent { token: 2, .. }))
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "never woke");
+        if b.arm() {
+            let mut ready = Vec::new();
+            assert!(b.readiness(&mut ready));
+            let borrowed: Vec<std::os::fd::BorrowedFd> = ready
+                .iter()
+                // SAFETY: the link keeps its descriptors open while it lives.
+                .map(|r| unsafe { std::os::fd::BorrowedFd::borrow_raw(r.fd) })
+                .collect();
+            let mut fds: Vec<rustix::event::PollFd> = borrowed
+                .iter()
+                .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+                .collect();
+            let timeout = rustix::event::Timespec {
+                tv_sec: 5,
+                tv_nsec: 0,
+            };
+            rustix::event::poll(&mut fds, Some(&timeout)).unwrap();
+            sleeps += 1;
+        }
+        b.disarm();
+    }
+    let woke = t.elapsed();
+    let _a = sender.join().unwrap();
+    // It slept through the second of silence (a few wake-ups at most, not a spin) and woke
+    // when the write landed.
+    println!("woke after {woke:?} with {sleeps} sleeps");
+    assert!((1..=10).contains(&sleeps), "{sleeps} sleeps");
+    assert!(
+        woke >= Duration::from_millis(900) && woke < Duration::from_secs(5),
+        "{woke:?}"
+    );
+}

@@ -109,17 +109,21 @@ pub enum LinkKind {
     Shm,
     /// TCP.
     Tcp,
+    /// RDMA verbs (InfiniBand, RoCE). No default: priced once a calibration on the machine
+    /// measured it.
+    Rdma,
 }
 
 impl LinkKind {
     /// Every kind, in [`Costs`]' index order.
-    pub const ALL: [LinkKind; 2] = [LinkKind::Shm, LinkKind::Tcp];
+    pub const ALL: [LinkKind; 3] = [LinkKind::Shm, LinkKind::Tcp, LinkKind::Rdma];
 
     /// Its name: the transport's.
     pub fn name(self) -> &'static str {
         match self {
             LinkKind::Shm => "shm",
             LinkKind::Tcp => "tcp",
+            LinkKind::Rdma => "rdma",
         }
     }
 
@@ -178,7 +182,7 @@ pub struct Costs {
     /// Indexed by [`Key::index`].
     curves: [Option<Curve>; SLOTS],
     /// Indexed by [`LinkKind::index`].
-    links: [Option<LinkCost>; 2],
+    links: [Option<LinkCost>; LinkKind::ALL.len()],
     /// Seconds per byte folded.
     gamma: Option<f64>,
 }
@@ -206,7 +210,7 @@ impl Costs {
             source: source.replace(['\n', '\r'], " "),
             ranks,
             curves,
-            links: [None; 2],
+            links: [None; LinkKind::ALL.len()],
             gamma: None,
         }
     }
@@ -346,7 +350,7 @@ impl Costs {
         }
         let (mut source, mut ranks) = (String::new(), 0);
         let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
-        let mut links = [None; 2];
+        let mut links = [None; LinkKind::ALL.len()];
         let mut gamma = None;
         for (no, line) in lines {
             if line.is_empty() || line.starts_with('#') {
@@ -562,6 +566,32 @@ mod tests {
             }
         }
         assert_eq!(again.source(), d.source());
+    }
+
+    #[test]
+    fn every_kind_of_link_reads_back_by_its_transports_name() {
+        let mut c = Costs::from_points("t", 2, []);
+        for (i, kind) in LinkKind::ALL.into_iter().enumerate() {
+            assert_eq!(LinkKind::of(kind.name()), Some(kind));
+            let cost = LinkCost {
+                alpha: 1e-6 * (i + 1) as f64,
+                beta: 1e-10 * (i + 1) as f64,
+            };
+            c = c.with_link(kind, cost);
+        }
+        let again = Costs::parse(&c.to_text()).unwrap();
+        for kind in LinkKind::ALL {
+            let (x, y) = (c.link(kind).unwrap(), again.link(kind).unwrap());
+            assert!((x.alpha - y.alpha).abs() <= x.alpha * 1e-3, "{kind:?}");
+            assert!((x.beta - y.beta).abs() <= x.beta * 1e-3, "{kind:?}");
+        }
+        assert!(
+            c.to_text()
+                .contains("link rdma alpha=3.0000e-6 beta=3.0000e-10")
+        );
+        assert_eq!(LinkKind::of("loopback"), None);
+        // The defaults price no rdma: it was not on the reference machine.
+        assert_eq!(Costs::defaults().link(LinkKind::Rdma), None);
     }
 
     #[test]

@@ -32,7 +32,7 @@ tools/rxe-vm/run-rxe-vm.sh "${install[@]}" --test extra --hostroot \
   > "$WORK.log" 2>&1
 rc=$?
 set -e
-grep -a -E '^(test |RESULT|PERF|rank [0-9]+ (of|noticed)|RDMA selftest|HOST:|skipped)' "$WORK.log" || true
+grep -a -E '^(test |RESULT|PERF|CALIBRATED|rank [0-9]+ (of|noticed)|RDMA selftest|HOST:|skipped)' "$WORK.log" || true
 if [ $rc -ne 0 ]; then
   echo "RDMA step failed (run-rxe-vm.sh exit $rc); the VM's console is in $WORK.log; its last lines:"
   tail -60 "$WORK.log"

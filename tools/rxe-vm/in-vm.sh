@@ -59,3 +59,14 @@ for tr in rdma tcp; do
     echo "RESULT allreduce-perf-$tr FAIL(rc=$rc)"
   fi
 done
+
+# The tuner prices rdma links once a calibration measured them.
+OXCCL_TUNE_FILE=$TMPDIR/costs.txt timeout 300 "$perf" --ranks 2 --calibrate --transport rdma \
+  -b 8 -e 8 -w 1 -n 5 > $TMPDIR/cal 2>&1
+rc=$?
+if [ $rc = 0 ] && grep -q '^link rdma alpha=' $TMPDIR/costs.txt; then
+  echo "CALIBRATED $(grep '^link rdma' $TMPDIR/costs.txt)"
+  echo "RESULT calibrate-rdma PASS"
+else
+  cat $TMPDIR/cal $TMPDIR/costs.txt; echo "RESULT calibrate-rdma FAIL(rc=$rc)"
+fi

@@ -30,7 +30,8 @@ use crate::verbs::{Depths, Queue, Region, Remote};
 /// A ring's layout for messages of up to `max_message` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
-    /// The placement unit in bytes: a multiple of 64, about 1/128 of the largest message.
+    /// The placement unit in bytes: a power of two of at least 64, about 1/128 of the largest
+    /// message (a power of two, so that it divides the page-rounded ring).
     pub slot: u64,
     /// The ring's length: three largest messages, a whole number of pages — so that while one
     /// is lent, wherever it lies, another always fits behind it (wrapping can waste up to a
@@ -40,10 +41,14 @@ pub(crate) struct Geometry {
 
 impl Geometry {
     pub(crate) fn new(max_message: usize) -> Geometry {
-        let slot = (max_message as u64 / 128).next_multiple_of(64).max(64);
+        let slot = (max_message as u64)
+            .div_ceil(128)
+            .next_power_of_two()
+            .max(64);
+        // Both powers of two: the larger is a multiple of the other.
         let page = rustix::param::page_size() as u64;
         let size = (max_message as u64).next_multiple_of(slot).max(slot);
-        let cap = (3 * size).next_multiple_of(page);
+        let cap = (3 * size).next_multiple_of(page.max(slot));
         Geometry { slot, cap }
     }
 
@@ -183,6 +188,7 @@ impl std::fmt::Debug for RdmaLink {
             .field("side_closed", &self.side.peer_closed())
             .field("control_pending", &self.side.control_pending())
             .field("side", &self.side.stats())
+            .field("qp_dead", &self.qp_dead)
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }

@@ -178,7 +178,6 @@ struct Pair {
     /// Completions taken while waiting for the probe's (the peer's own probe, or data from a
     /// peer already running), handed to the link.
     stash: Vec<IbvWc>,
-    max_message: usize,
     geometry: Geometry,
 }
 
@@ -221,7 +220,6 @@ impl Pair {
             probed: None,
             early: Vec::new(),
             stash: Vec::new(),
-            max_message,
             geometry,
         })
     }
@@ -256,6 +254,9 @@ impl Pair {
         for w in &wc[..n.max(0) as usize] {
             if (w.wr_id == WR_PROBE && w.opcode == sys::IBV_WC_RDMA_WRITE) || w.status != 0 {
                 if w.status != sys::IBV_WC_SUCCESS {
+                    if self.side.peer_closed() {
+                        return Err(TransportError::PeerClosed { peer });
+                    }
                     return Err(TransportError::Unavailable(format!(
                         "rdma: rank {peer} is not reachable over rdma from {}: the probe write failed: {} (status {}); check OXCCL_IB_HCA and OXCCL_IB_GID_INDEX on both ranks",
                         self.describe_local(),
@@ -291,23 +292,12 @@ impl Pair {
                     peer,
                     what: format!("rdma: unreadable queue-pair facts ({} bytes)", b.len()),
                 })?;
-                let size = (self.max_message as u64).next_multiple_of(u64::from(r.slot));
-                if r.ring_len < 3 * size {
+                if (u64::from(r.slot), r.ring_len) != (self.geometry.slot, self.geometry.cap) {
                     return Err(TransportError::Protocol {
                         peer,
                         what: format!(
-                            "rdma: its receive ring of {} bytes cannot hold three messages of {} (do the ranks agree on OXCCL_SLICE_BYTES?)",
-                            r.ring_len, self.max_message
-                        ),
-                    });
-                }
-                if r.ring_len > self.staging.len() as u64 {
-                    return Err(TransportError::Protocol {
-                        peer,
-                        what: format!(
-                            "rdma: its receive ring of {} bytes exceeds this side's staging area of {} (do the ranks agree on OXCCL_SLICE_BYTES?)",
-                            r.ring_len,
-                            self.staging.len()
+                            "rdma: its receive ring ({} bytes in slots of {}) differs from this side's ({} in {}): do the ranks agree on OXCCL_SLICE_BYTES?",
+                            r.ring_len, r.slot, self.geometry.cap, self.geometry.slot
                         ),
                     });
                 }

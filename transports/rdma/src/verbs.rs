@@ -250,10 +250,6 @@ impl Region {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
 }
 
 impl Drop for Region {
@@ -558,7 +554,8 @@ impl Remote {
             && (1..=5).contains(&r.mtu)
             && r.slot >= 64
             && r.slot.is_multiple_of(64)
-            && r.ring_len.is_multiple_of(u64::from(r.slot));
+            && r.ring_len.is_multiple_of(u64::from(r.slot))
+            && r.ring_addr.checked_add(r.ring_len).is_some();
         ok.then_some(r)
     }
 }
@@ -599,8 +596,11 @@ mod tests {
         let mut bad = e.clone();
         bad[20] = 2;
         assert_eq!(Remote::decode(&bad), None);
-        let mut bad = e;
+        let mut bad = e.clone();
         bad[52] = 1; // a slot that is not a multiple of 64
+        assert_eq!(Remote::decode(&bad), None);
+        let mut bad = e;
+        bad[32..40].copy_from_slice(&u64::MAX.to_le_bytes()); // a ring past the address space
         assert_eq!(Remote::decode(&bad), None);
     }
 }

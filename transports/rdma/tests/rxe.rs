@@ -1,7 +1,7 @@
 //! The RDMA link contract on a real verbs device, ranks as threads of one process (each with
-//! its own device context, queue pairs and rings): order and exact sizes across ring wraps and
-//! more messages than the credit window, lent receives, size mismatches, a closed peer, cancel,
-//! and strangers at the side connection. Without a device they check that the transport says
+//! its own device context, queue pairs and rings): order and exact sizes across ring wraps,
+//! more messages than the ring holds, lent receives, size mismatches, a closed peer, cancel,
+//! sleeping on the completion channel, and strangers at the side connection. Without a device they check that the transport says
 //! it is unavailable and print "skipped: …"; CI runs them in the Soft-RoCE VM
 //! (`OXCCL_REQUIRE_RDMA=1` there).
 
@@ -119,8 +119,7 @@ fn messages_arrive_in_order_and_whole_both_ways() {
         return;
     }
     let (a, b) = pair();
-    // Sizes that wrap the 2 × MAX ring many times, and far more messages than the credit
-    // window of 64 (zero-length and one-byte ones included).
+    // Sizes that wrap the ring (3 × MAX) many times, zero-length and one-byte ones included.
     let sizes: Vec<usize> = (0..400)
         .map(|i| match i % 7 {
             0 => 0,
@@ -296,11 +295,22 @@ fn a_closed_peer_fails_posted_work_promptly_and_a_finished_one_is_no_error() {
     })
     .unwrap();
     b.release(10);
+    // On hardware the credit for the first message fails against the peer's destroyed queue
+    // pair after about 0.5 s of retries, marking this side's queue pair dead; Soft-RoCE under
+    // emulation may keep retrying. Either way, with nothing posted, no error.
     let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(1500) {
+    while t.elapsed() < Duration::from_secs(3) {
         b.poll(&mut got).expect("nothing posted: not an error");
         std::thread::sleep(Duration::from_millis(5));
     }
+    println!(
+        "after 3 s the queue pair is {}",
+        if format!("{b:?}").contains("qp_dead: Some") {
+            "dead"
+        } else {
+            "still retrying"
+        }
+    );
     assert!(b.peer_gone());
     let mut second = vec![0u8; 3000];
     // SAFETY: second outlives the receive, polled to completion.
@@ -342,17 +352,23 @@ fn a_burst_beyond_the_ring_waits_for_receives_and_a_held_lend_does_not_block() {
     }
     let (mut a, mut b) = pair();
     // 1000 messages of 0 to 2 bytes, posted before the receiver posts anything: each takes a
-    // slot of the receiver's ring, which holds a few hundred.
+    // slot of the receiver's ring, which holds a few hundred (384 at 64 KiB messages).
     const N: usize = 1000;
     let msgs: Vec<Vec<u8>> = (0..N).map(|i| pattern(i, i % 3)).collect();
     for (i, m) in msgs.iter().enumerate() {
         // SAFETY: msgs outlive the sends, polled to completion below.
         unsafe { a.post_send(i as u64, SendBuf::from_slice(m)) }.unwrap();
     }
+    // The sender stops when the receiver's ring is full: as many as it has slots.
     let mut sent = Vec::new();
     let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(500) {
+    let mut last = (0, Instant::now());
+    while last.1.elapsed() < Duration::from_millis(300) {
         a.poll(&mut sent).unwrap();
+        if sent.len() != last.0 {
+            last = (sent.len(), Instant::now());
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "sends never stopped");
     }
     let n = sent.len();
     assert!(
@@ -391,7 +407,8 @@ fn a_burst_beyond_the_ring_waits_for_receives_and_a_held_lend_does_not_block() {
                 );
             }
         };
-    // The first message is lent and held while the next 200 go into memory.
+    // The first message is lent and held while all the others the full ring holds go into
+    // memory; only its release lets the rest in.
     // SAFETY: lent receive, no memory.
     unsafe { b.post_recv(0, RecvInto::Lend { len: 0 }) }.unwrap();
     let post = |b: &mut RdmaLink, bufs: &mut [Vec<u8>], range: std::ops::Range<usize>| {
@@ -403,10 +420,12 @@ fn a_burst_beyond_the_ring_waits_for_receives_and_a_held_lend_does_not_block() {
             unsafe { b.post_recv(i as u64, into) }.unwrap();
         }
     };
-    post(&mut b, &mut bufs, 1..201);
-    drive(&mut a, &mut b, &mut sent, 201);
+    post(&mut b, &mut bufs, 1..N);
+    drive(&mut a, &mut b, &mut sent, n);
+    std::thread::sleep(Duration::from_millis(200));
+    a.poll(&mut sent).unwrap();
+    assert_eq!(sent.len(), n, "the sender wrote over a lent message");
     b.release(0);
-    post(&mut b, &mut bufs, 201..N);
     drive(&mut a, &mut b, &mut sent, N);
     for (i, buf) in bufs.iter().enumerate().skip(1) {
         assert!(*buf == msgs[i], "message {i}");

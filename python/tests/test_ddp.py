@@ -26,11 +26,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ddp_worker.py")
 
 
-def torchrun(nproc, *args, env=None, timeout=300):
+def torchrun(nproc, *args, env=None, timeout=300, tries=1):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "--standalone", *args]
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+    for attempt in range(tries):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+        if p.returncode == 0:
+            return p
+        print(f"attempt {attempt + 1} of {' '.join(cmd)} failed ({p.returncode})")
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr[-6000:]}"
     return p
 
@@ -51,7 +55,10 @@ def runs():
         for n in (2, 4):
             for backend in ("gloo", "oxccl"):
                 path = os.path.join(d, f"{backend}-{n}.pt")
-                torchrun(n, WORKER, backend, path, "--fsdp")
+                # Gloo is the reference, not what is tested: its 4-rank run on 2 cores has
+                # aborted once in teardown ("terminate called without an active exception",
+                # 2026-11-25), so it gets a second try. oxccl's runs get one.
+                torchrun(n, WORKER, backend, path, "--fsdp", tries=2 if backend == "gloo" else 1)
                 out[backend, n] = torch.load(path)
     return out
 

@@ -91,9 +91,22 @@ pub fn launch(
     args: &[&str],
     env: impl Fn(usize) -> Vec<(&'static str, String)>,
 ) -> (StoreServer, Vec<Rank>) {
+    launch_after(n, name, args, env, |_| ())
+}
+
+/// As [`launch`], but calls `before(store address)` after the store is listening and before
+/// any rank starts.
+pub fn launch_after(
+    n: usize,
+    name: &str,
+    args: &[&str],
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+    before: impl FnOnce(std::net::SocketAddr),
+) -> (StoreServer, Vec<Rank>) {
     let secret = Secret::random().expect("random");
     let server =
         StoreServer::bind("127.0.0.1:0".parse().expect("addr"), secret.clone()).expect("store");
+    before(server.local_addr());
     let exe = example(name);
     let ranks = (0..n)
         .map(|r| {

@@ -51,8 +51,7 @@ fn sixty_four_ranks_start_at_once_while_strangers_flood_the_store() {
     let before = opened.load(Ordering::Relaxed);
     let mut failed = Vec::new();
     for (r, rank) in ranks.iter_mut().enumerate() {
-        let status = rank.child.wait().expect("wait");
-        let lines: Vec<String> = rank.lines.try_iter().collect();
+        let (status, lines) = rank.finish();
         if !status.success() || !lines.iter().any(|l| l == "iter 0") {
             failed.push(format!("rank {r}: {status:?} {lines:?}"));
         }

@@ -147,8 +147,7 @@ fn ranks_busy_elsewhere_for_several_periods_are_not_declared_failed() {
         &[("FAULT_WORKER_PAUSE_MS", "2000")],
     );
     for (r, rank) in ranks.iter_mut().enumerate() {
-        let status = rank.child.wait().expect("wait");
-        let lines: Vec<String> = rank.lines.try_iter().collect();
+        let (status, lines) = rank.finish();
         assert!(status.success(), "rank {r}: {status:?} {lines:?}");
         assert_eq!(lines.iter().filter(|l| l.starts_with("iter")).count(), 3);
     }

@@ -84,6 +84,17 @@ pub struct Rank {
     pub lines: mpsc::Receiver<String>,
 }
 
+impl Rank {
+    /// Waits for the process to end, then for every line it printed: the thread forwarding
+    /// its output may still be behind when the process has ended, so the lines are read to
+    /// the end of the output rather than taken as they stand.
+    #[allow(dead_code)]
+    pub fn finish(&mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let status = self.child.wait().expect("wait");
+        (status, self.lines.iter().collect())
+    }
+}
+
 /// Starts `n` processes of example `name` with `args`; `env(r)` adds variables for rank `r`.
 pub fn launch(
     n: usize,

@@ -77,6 +77,8 @@ const TAIL_MASK: u32 = CREDIT - 1;
 /// How long after the side connection closed a posted operation may still complete from
 /// completions already on their way before the link reports the peer gone.
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
+/// A busy link reads its side connection once every this many polls.
+const SIDE_EVERY: u32 = 16;
 const WR_DATA: u64 = 1;
 const WR_CREDIT: u64 = 2;
 /// The bring-up probe: a zero-length credit that moves nothing (a tail of 0 at the start),
@@ -165,6 +167,11 @@ pub struct RdmaLink {
     stash: Vec<IbvWc>,
     controls: Vec<Vec<u8>>,
     closed_since: Option<Instant>,
+    /// A completion event was requested (`arm`) and has not been taken from the channel yet:
+    /// only then can the channel hold one, so only then does `poll` read it.
+    notify_pending: bool,
+    /// Polls left before the side connection is read again (0: at the next poll).
+    side_in: u32,
     /// The queue pair failed (a completion with an error): nothing more arrives or leaves;
     /// what already arrived is still delivered.
     qp_dead: Option<String>,
@@ -238,6 +245,8 @@ impl RdmaLink {
             stash,
             controls,
             closed_since: None,
+            notify_pending: false,
+            side_in: 0,
             qp_dead: None,
             broken: None,
         }
@@ -602,9 +611,21 @@ impl RdmaLink {
 
     fn poll_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
         // The side connection first: a failure notice there names the cause better than the
-        // queue pair's own error would.
-        self.poll_side(out)?;
-        self.queue.drain_events();
+        // queue pair's own error would. It carries only failure notices and the close, so a
+        // busy link reads it every SIDE_EVERY polls (each read is a system call), and at the
+        // first poll after every `arm`, when its socket may be what woke the engine.
+        if self.side_in == 0 {
+            self.side_in = SIDE_EVERY;
+            self.poll_side(out)?;
+        } else {
+            self.side_in -= 1;
+            for c in self.controls.drain(..) {
+                out.push(Completion::Control(c));
+            }
+        }
+        if self.notify_pending && self.queue.drain_events() > 0 {
+            self.notify_pending = false;
+        }
         self.take_completions();
         for wc in std::mem::take(&mut self.stash) {
             self.handle(wc, out)?;
@@ -750,6 +771,8 @@ impl Link for RdmaLink {
         }
         // SAFETY: the CQ is live.
         let rc = unsafe { self.queue.dev.v.req_notify_cq(self.queue.cq, false) };
+        self.notify_pending |= rc == 0;
+        self.side_in = 0;
         // Completions that came before the request raise no event: look once more.
         if rc != 0 || self.take_completions() > 0 {
             return false;

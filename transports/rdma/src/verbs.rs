@@ -442,8 +442,9 @@ impl Queue {
         unsafe { (self.dev.v.modify_qp)(self.qp, &mut a, sys::IBV_QP_STATE) };
     }
 
-    /// Takes every pending completion-channel event without blocking, and acknowledges them.
-    pub fn drain_events(&mut self) {
+    /// Takes every pending completion-channel event without blocking, and acknowledges them;
+    /// how many there were.
+    pub fn drain_events(&mut self) -> u32 {
         let mut n = 0u32;
         loop {
             let mut cq = ptr::null_mut();
@@ -458,6 +459,7 @@ impl Queue {
             // SAFETY: n events of our only CQ were taken above.
             unsafe { (self.dev.v.ack_cq_events)(self.cq, n) };
         }
+        n
     }
 }
 

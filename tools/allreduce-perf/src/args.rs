@@ -27,7 +27,8 @@ ones on integer types only).
 Columns follow nccl-tests: size is the whole array in bytes (rounded down to n equal blocks for
 allgather, reducescatter, alltoall, gather and scatter), count is the count passed to the call
 (the per-rank block for those), busbw = algbw x nccl-tests' factor for the collective. time is the
-median over -R repeats of each repeat's mean time per call, ranks combined by -a. The JSON and
+median over -R repeats of each repeat's mean time per call, ranks combined by -a; the
+out-of-place and in-place repeats alternate, so the two columns see the same machine. The JSON and
 CSV also give p50/p99 of single iterations (combined by -a iteration by iteration). oxccl has
 no in-place gather, scatter or sendrecv: those columns read N/A.
 
@@ -137,7 +138,8 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_parser = parse_transport)]
     pub transport: Option<String>,
 
-    /// Repeat the timed loop N times and report the median of the repeats' mean times.
+    /// Repeat the timed loop N times and report the median of the repeats' mean times
+    /// (out-of-place and in-place repeats alternate).
     #[arg(short = 'R', long = "repeats", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub repeats: u64,

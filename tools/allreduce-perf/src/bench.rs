@@ -37,7 +37,7 @@ pub struct Row {
 
 /// Where the output goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
+enum Placement {
     /// Separate input and output buffers.
     OutOfPlace,
     /// One buffer, as oxccl's `*_in_place` calls lay it out.
@@ -63,34 +63,58 @@ pub struct Measured {
     pub iterations: u64,
 }
 
+/// One placement of a row under measurement.
+struct Trial {
+    shape: Shape,
+    pattern: Pattern,
+    bufs: Buffers,
+    /// Timed iterations per repeat.
+    iters: u64,
+    /// Each repeat's mean time per call, seconds (with room for `durations` after them).
+    means: Vec<f64>,
+    /// Each timed iteration's duration, seconds.
+    durations: Vec<f64>,
+}
+
 /// A rank's buffers for one placement.
 enum Buffers {
     Separate { send: Buf, recv: Buf },
     Shared(Buf),
 }
 
-/// Host memory aligned for every element type.
+/// Host memory starting on a page boundary, as device allocations do (`cudaMalloc` aligns to
+/// at least 256 bytes, in practice to pages), so that every buffer has the same offset within
+/// its page: where a buffer starts relative to the library's own page-aligned buffers changes
+/// how fast copies between them run (4 KiB aliasing), and would otherwise differ by chance
+/// between the out-of-place and in-place buffers.
 struct Buf {
     words: Vec<u64>,
+    /// Where the buffer starts in `words`.
+    at: usize,
     len: usize,
 }
+
+/// Buffers' alignment, bytes.
+const BUF_ALIGN: usize = 4096;
 
 impl Buf {
     fn new(len: usize) -> Result<Buf, String> {
         let mut words = Vec::new();
+        let n = len.div_ceil(8) + BUF_ALIGN / 8;
         words
-            .try_reserve_exact(len.div_ceil(8))
+            .try_reserve_exact(n)
             .map_err(|_| format!("cannot allocate a buffer of {len} bytes"))?;
-        words.resize(len.div_ceil(8), 0);
-        Ok(Buf { words, len })
+        words.resize(n, 0);
+        let at = words.as_ptr().align_offset(BUF_ALIGN);
+        Ok(Buf { words, at, len })
     }
 
     fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
+        &bytemuck::cast_slice(&self.words[self.at..])[..self.len]
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+        &mut bytemuck::cast_slice_mut(&mut self.words[self.at..])[..self.len]
     }
 }
 
@@ -149,9 +173,30 @@ impl<'a> Bench<'a> {
         }
     }
 
-    /// Measures `row` in `placement`: `None` where oxccl has no such call (the in-place form
-    /// of gather, scatter and send/receive). Every rank gets the same combined result.
-    pub fn measure(&self, row: &Row, placement: Placement) -> Result<Option<Measured>, String> {
+    /// Measures `row` out of place and in place (`None` where oxccl has no in-place call: gather,
+    /// scatter and send/receive). The two placements' timed repeats alternate (out of place,
+    /// in place, out of place, ...), so drift in the machine's speed over the row's run falls
+    /// on both columns alike instead of on whichever ran second. Every rank gets the same
+    /// combined results.
+    pub fn measure(&self, row: &Row) -> Result<(Option<Measured>, Option<Measured>), String> {
+        let mut trials = [
+            self.start(row, Placement::OutOfPlace)?,
+            self.start(row, Placement::InPlace)?,
+        ];
+        for _ in 0..self.settings.repeats {
+            for t in trials.iter_mut().flatten() {
+                self.comm.barrier().map_err(|e| e.to_string())?;
+                let total = self.timed(row, &mut t.bufs, t.iters, &mut t.durations)?;
+                t.means.push(total / t.iters as f64);
+            }
+        }
+        let [oop, ip] = trials;
+        let oop = oop.map(|t| self.finish(row, t)).transpose()?;
+        Ok((oop, ip.map(|t| self.finish(row, t)).transpose()?))
+    }
+
+    /// Buffers for `row` in `placement`, filled, warmed up, and the iteration count per repeat.
+    fn start(&self, row: &Row, placement: Placement) -> Result<Option<Trial>, String> {
         if placement == Placement::InPlace && !row.coll.has_in_place() {
             return Ok(None);
         }
@@ -175,26 +220,42 @@ impl<'a> Bench<'a> {
             Some(t) => self.calibrate(row, &mut bufs, t.as_secs_f64())?,
             None => s.iters,
         };
-        // samples = [mean of each repeat..., each timed iteration...]
         let repeats = s.repeats as usize;
         let timed = repeats.saturating_mul(iters as usize);
-        let (mut samples, mut durations) = (Vec::new(), Vec::new());
-        samples
+        let (mut means, mut durations) = (Vec::new(), Vec::new());
+        means
             .try_reserve_exact(timed.saturating_add(repeats))
             .and_then(|()| durations.try_reserve_exact(timed))
             .map_err(|_| format!("cannot hold the times of {timed} iterations"))?;
-        for _ in 0..repeats {
-            self.comm.barrier().map_err(|e| e.to_string())?;
-            let total = self.timed(row, &mut bufs, iters, &mut durations)?;
-            samples.push(total / iters as f64);
-        }
+        Ok(Some(Trial {
+            shape,
+            pattern,
+            bufs,
+            iters,
+            means,
+            durations,
+        }))
+    }
+
+    /// Combines a placement's times over ranks, checks its output, and sums it up.
+    fn finish(&self, row: &Row, t: Trial) -> Result<Measured, String> {
+        let Trial {
+            shape,
+            pattern,
+            mut bufs,
+            iters,
+            means: mut samples,
+            mut durations,
+        } = t;
+        // samples = [mean of each repeat..., each timed iteration...]
+        let repeats = samples.len();
         samples.append(&mut durations);
         self.combine(&mut samples)?;
         let (means, iterations) = samples.split_at_mut(repeats);
         let time = median(means);
         iterations.sort_by(f64::total_cmp);
 
-        let nwrong = if s.check > 0 {
+        let nwrong = if self.settings.check > 0 {
             Some(self.check(row, &shape, &pattern, &mut bufs)?)
         } else {
             None
@@ -204,7 +265,7 @@ impl<'a> Bench<'a> {
         } else {
             0.0
         };
-        Ok(Some(Measured {
+        Ok(Measured {
             time_us: time * 1e6,
             alg_bw,
             bus_bw: alg_bw * row.coll.bus_factor(self.comm.size()),
@@ -212,7 +273,7 @@ impl<'a> Bench<'a> {
             p50_us: percentile(iterations, 50.0) * 1e6,
             p99_us: percentile(iterations, 99.0) * 1e6,
             iterations: iters,
-        }))
+        })
     }
 
     fn shape(&self, row: &Row) -> Shape {
@@ -458,9 +519,13 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_for_every_type() {
-        let mut b = Buf::new(13).unwrap();
-        assert_eq!(b.bytes().len(), 13);
-        assert_eq!(b.bytes_mut().as_ptr() as usize % 8, 0);
+        for len in [1, 13, 4096, 100_000] {
+            let mut b = Buf::new(len).unwrap();
+            assert_eq!(b.bytes().len(), len);
+            assert_eq!(b.bytes().as_ptr() as usize % BUF_ALIGN, 0, "{len} bytes");
+            b.bytes_mut().fill(0xa5);
+            assert!(b.bytes().iter().all(|&x| x == 0xa5));
+        }
         assert!(Buf::new(0).unwrap().bytes().is_empty());
     }
 }

@@ -13,7 +13,7 @@ use oxccl::bootstrap::Rendezvous;
 use oxccl::{Communicator, Config};
 
 use crate::args::{AlgoChoice, Settings};
-use crate::bench::{Bench, Placement};
+use crate::bench::Bench;
 use crate::launch::STANDALONE_VAR;
 use crate::plot;
 use crate::record::{self, Doc, RankRecord, RowRecord};
@@ -247,11 +247,8 @@ fn sweep(comm: &Communicator, s: &Settings) -> Result<Summary, String> {
                     op.map_or("none", |o| o.name()),
                     row.size
                 ));
-                let both = bench.measure(&row, Placement::OutOfPlace).and_then(|oop| {
-                    progress.inc(1);
-                    Ok((oop, bench.measure(&row, Placement::InPlace)?))
-                });
-                progress.inc(1);
+                let both = bench.measure(&row);
+                progress.inc(2);
                 let (oop, ip) = both.inspect_err(|_| progress.finish_and_clear())?;
                 for m in [&oop, &ip].into_iter().flatten() {
                     summary.wrong += m.nwrong.unwrap_or(0);

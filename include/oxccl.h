@@ -671,24 +671,27 @@ oxcclResult_t oxcclMemAlloc(void **ptr, size_t size);
 oxcclResult_t oxcclMemFree(void *ptr);
 
 // Registers `size` bytes at `buff` with `comm` (nccl.h's `ncclCommRegister`) and writes a
-// handle to `*handle`. Host memory needs no registration: this only records it, so that
-// `oxcclCommDeregister` can check the handle.
+// handle to `*handle`. Over rdma links, sends out of registered memory go without a copy
+// (registering pins the pages); shared memory and TCP need no registration.
 //
 // # Safety
 //
-// `handle` is NULL (an error) or valid for writing one pointer.
+// `handle` is NULL (an error) or valid for writing one pointer; the `size` bytes at `buff`
+// stay mapped until `oxcclCommDeregister` of the handle (or the communicator's destruction)
+// returns.
 oxcclResult_t oxcclCommRegister(oxcclComm_t comm, void *buff, size_t size, void **handle);
 
 // Ends a registration of `oxcclCommRegister`.
 oxcclResult_t oxcclCommDeregister(oxcclComm_t comm, void *handle);
 
 // Registers `size` bytes at `buff` as a window of `comm` (nccl.h's `ncclCommWindowRegister`,
-// called by every rank) and writes its handle to `*win`. Bookkeeping, as
+// called by every rank) and writes its handle to `*win`. Registered as by
 // `oxcclCommRegister`; `winFlags` is `OXCCL_WIN_DEFAULT` or `OXCCL_WIN_COLL_SYMMETRIC`.
 //
 // # Safety
 //
-// `win` is NULL (an error) or valid for writing one `oxcclWindow_t`.
+// `win` is NULL (an error) or valid for writing one `oxcclWindow_t`; the memory stays mapped
+// until `oxcclCommWindowDeregister` (or the communicator's destruction) returns.
 oxcclResult_t oxcclCommWindowRegister(oxcclComm_t comm,
                                       void *buff,
                                       size_t size,

@@ -77,7 +77,7 @@ mod work;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub use bootstrap::UniqueId;
-pub use comm::{Calibration, Communicator, Group, Pending, RawMessage};
+pub use comm::{Calibration, Communicator, Group, Pending, RawMessage, Registration};
 pub use config::{Config, Tune};
 pub use error::{Error, Result};
 pub use float8::{F8E4M3, F8E5M2};

@@ -1,5 +1,6 @@
 //! The communicator's API beyond the collective matrix: asynchronous work, split, init from a
-//! UniqueId, point-to-point groups, and argument errors that name the rank and the call.
+//! UniqueId, point-to-point groups, registered buffers, and argument errors that name the rank
+//! and the call.
 
 use std::time::Duration;
 
@@ -263,4 +264,33 @@ fn bad_arguments_are_errors_naming_the_rank_and_the_call() {
     check(c.recv(&mut [1u8], 9), &["recv", "peer 9"]);
     // Nothing was sent: both ranks still run a collective together afterwards.
     each(&comms, |c| c.barrier().unwrap());
+}
+
+#[test]
+fn registered_buffers_reduce_alike_where_the_links_need_no_registration() {
+    // Shared memory, TCP and in-process queues take registrations and ignore them (rdma sends
+    // out of them without a copy: transports/rdma/tests/rxe.rs, in the Soft-RoCE VM).
+    for transport in ["loopback", "tcp", "shm"] {
+        let comms = local(2, transport);
+        let out = each(&comms, |c| {
+            let r = c.rank() as f32;
+            let mut buf = vec![r + 1.0; 300_001];
+            let empty: [f32; 0] = [];
+            // SAFETY: both buffers outlive their registrations (dropped at the end of the
+            // closure, `buf` and `empty` after them).
+            let reg = unsafe { c.register(buf.as_ptr().cast(), buf.len() * 4) }.unwrap();
+            // SAFETY: as above.
+            let none = unsafe { c.register(empty.as_ptr().cast(), 0) }.unwrap();
+            assert_eq!(reg.range(), (buf.as_ptr() as usize, buf.len() * 4));
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            c.deregister(none);
+            c.all_reduce_in_place(&mut buf, ReduceOp::Max).unwrap();
+            drop(reg);
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+            buf
+        });
+        for (rank, buf) in out.into_iter().enumerate() {
+            assert!(buf.iter().all(|&v| v == 6.0), "{transport} rank {rank}");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-use oxccl_core::{Communicator, Pending};
+use oxccl_core::{Communicator, Pending, Registration};
 
 use crate::abi::*;
 use crate::boundary::{Failure, Outcome};
@@ -43,8 +43,8 @@ pub(crate) struct Entry {
     finalized: AtomicBool,
     /// The operators made by `oxcclRedOpCreatePreMulSum` for this communicator.
     pub(crate) operators: Mutex<Operators>,
-    /// Registered memory: handle id → (address, length).
-    pub(crate) registered: Mutex<BTreeMap<usize, (usize, usize)>>,
+    /// Registered memory by handle id; dropping a registration ends it.
+    pub(crate) registered: Mutex<BTreeMap<usize, Registration>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

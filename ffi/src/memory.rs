@@ -1,7 +1,8 @@
 //! Memory calls: `oxcclMemAlloc`/`oxcclMemFree` hand out page-aligned host memory, and
-//! registrations (`oxcclCommRegister`, `oxcclCommWindowRegister`) are bookkeeping: host
-//! memory needs no registration with oxccl's transports, but a program written for NCCL
-//! registers and deregisters, and gets its handles checked.
+//! registrations (`oxcclCommRegister`, `oxcclCommWindowRegister`) register the memory with the
+//! communicator's links ([`Communicator::register`]): sends out of it then go without a copy
+//! where the transport can (rdma); shared memory and TCP need nothing and only keep the handle
+//! to check it at deregistration.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -78,22 +79,30 @@ pub unsafe extern "C" fn oxcclMemFree(ptr: *mut c_void) -> oxcclResult_t {
     })
 }
 
-/// Records a registration of `size` bytes at `buff` on `comm` and returns its handle.
-fn register(comm: oxcclComm_t, buff: *mut c_void, size: usize) -> Result<usize, Failure> {
+/// Registers `size` bytes at `buff` with `comm` and returns its handle.
+///
+/// # Safety
+///
+/// The memory stays mapped and readable until the registration ends (deregistration or the
+/// communicator's destruction).
+unsafe fn register(comm: oxcclComm_t, buff: *mut c_void, size: usize) -> Result<usize, Failure> {
     let entry = handles::get(comm, "comm")?;
-    entry.comm()?;
+    let c = entry.comm()?;
     if size > 0 {
         non_null(buff, "buff")?;
     }
     (buff as usize)
         .checked_add(size)
         .ok_or_else(|| Failure::invalid(format!("size: {size} bytes at {buff:p} wrap around")))?;
+    // SAFETY: the caller's promise, passed on; the registration ends when it is dropped
+    // (deregistration, or with the entry).
+    let registration = unsafe { c.register(buff.cast_const().cast(), size) }?;
     let id = handles::fresh_id();
     entry
         .registered
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .insert(id, (buff as usize, size));
+        .insert(id, registration);
     Ok(id)
 }
 
@@ -114,12 +123,14 @@ fn deregister(comm: oxcclComm_t, id: usize, what: &str) -> Result<(), Failure> {
 }
 
 /// Registers `size` bytes at `buff` with `comm` (nccl.h's `ncclCommRegister`) and writes a
-/// handle to `*handle`. Host memory needs no registration: this only records it, so that
-/// `oxcclCommDeregister` can check the handle.
+/// handle to `*handle`. Over rdma links, sends out of registered memory go without a copy
+/// (registering pins the pages); shared memory and TCP need no registration.
 ///
 /// # Safety
 ///
-/// `handle` is NULL (an error) or valid for writing one pointer.
+/// `handle` is NULL (an error) or valid for writing one pointer; the `size` bytes at `buff`
+/// stay mapped until `oxcclCommDeregister` of the handle (or the communicator's destruction)
+/// returns.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn oxcclCommRegister(
     comm: oxcclComm_t,
@@ -129,7 +140,8 @@ pub unsafe extern "C" fn oxcclCommRegister(
 ) -> oxcclResult_t {
     guard("oxcclCommRegister", || {
         non_null(handle, "handle")?;
-        let id = register(comm, buff, size)?;
+        // SAFETY: the caller keeps the memory mapped until the registration ends.
+        let id = unsafe { register(comm, buff, size) }?;
         // SAFETY: not NULL, and the caller guarantees it is writable.
         unsafe { handle.write(std::ptr::without_provenance_mut(id)) };
         Ok(())
@@ -150,12 +162,13 @@ pub const OXCCL_WIN_DEFAULT: c_int = 0;
 pub const OXCCL_WIN_COLL_SYMMETRIC: c_int = 1;
 
 /// Registers `size` bytes at `buff` as a window of `comm` (nccl.h's `ncclCommWindowRegister`,
-/// called by every rank) and writes its handle to `*win`. Bookkeeping, as
+/// called by every rank) and writes its handle to `*win`. Registered as by
 /// `oxcclCommRegister`; `winFlags` is `OXCCL_WIN_DEFAULT` or `OXCCL_WIN_COLL_SYMMETRIC`.
 ///
 /// # Safety
 ///
-/// `win` is NULL (an error) or valid for writing one `oxcclWindow_t`.
+/// `win` is NULL (an error) or valid for writing one `oxcclWindow_t`; the memory stays mapped
+/// until `oxcclCommWindowDeregister` (or the communicator's destruction) returns.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn oxcclCommWindowRegister(
     comm: oxcclComm_t,
@@ -172,7 +185,8 @@ pub unsafe extern "C" fn oxcclCommWindowRegister(
                  OXCCL_WIN_COLL_SYMMETRIC (1)"
             )));
         }
-        let id = register(comm, buff, size)?;
+        // SAFETY: the caller keeps the memory mapped until the registration ends.
+        let id = unsafe { register(comm, buff, size) }?;
         // SAFETY: not NULL, and the caller guarantees it is writable.
         unsafe { win.write(std::ptr::without_provenance_mut(id)) };
         Ok(())

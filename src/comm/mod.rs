@@ -14,6 +14,7 @@
 mod api;
 mod group;
 mod liveness;
+mod memory;
 mod raw;
 mod setup;
 mod tuning;
@@ -24,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use group::Group;
+pub use memory::Registration;
 pub use raw::{Pending, RawMessage};
 pub use tuning::Calibration;
 

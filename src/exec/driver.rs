@@ -183,6 +183,40 @@ impl Engine {
             .unwrap_or(usize::MAX)
     }
 
+    /// Registers `len` bytes at `ptr` under `id` with every link, for sends from that memory
+    /// without a copy where the transport can (rdma); undone on every link if one fails.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays mapped and readable until [`Engine::deregister`] of `id` returns or
+    /// the engine is dropped.
+    pub unsafe fn register(&mut self, id: u64, ptr: *const u8, len: usize) -> Result<()> {
+        let mut failed = None;
+        for link in self.links.iter_mut().flatten() {
+            // SAFETY: the caller's promise, passed on.
+            if let Err(e) = unsafe { link.register(id, ptr, len) } {
+                failed = Some((link.peer(), e));
+                break;
+            }
+        }
+        let Some((peer, source)) = failed else {
+            return Ok(());
+        };
+        self.deregister(id);
+        Err(Error::Transport {
+            rank: self.rank,
+            what: format!("register {len} bytes at {ptr:p} for the link to rank {peer}"),
+            source,
+        })
+    }
+
+    /// Ends registration `id` on every link; on return no link reads that memory.
+    pub fn deregister(&mut self, id: u64) {
+        for link in self.links.iter_mut().flatten() {
+            link.deregister(id);
+        }
+    }
+
     /// Queues an operation. If the communicator is already broken it fails at once.
     pub fn submit(&mut self, op: Operation) {
         if let Some(why) = &self.broken {

@@ -40,7 +40,12 @@ if [ $rc -ne 0 ]; then
 fi
 
 # The table: ib_write_bw one way and both ways (per direction) against the 2-rank all-reduce's
-# bus bandwidth (each rank sends and receives the vector once: both directions at once), MB/s.
+# bus bandwidth (each rank sends and receives the vector once: both directions at once), MB/s;
+# each figure the median of the three rounds. A measurement that failed fails the step.
+if grep -a -q '^RESULT .*FAIL' "$WORK.log"; then
+  echo "RDMA step failed: a measurement failed"
+  exit 1
+fi
 awk '
   function median(list,    v, n, i, j, t) {
     n = split(list, v, " ")
@@ -49,16 +54,17 @@ awk '
   }
   /^PERF ib_write_bw-b / { bi[$3] = bi[$3] " " $4 / 2; next }
   /^PERF ib_write_bw / { ib[$3] = ib[$3] " " $4 }
-  /^PERF allreduce-rdma/ { rd[$3] = $4 }
-  /^PERF allreduce-tcp/ { tc[$3] = $4 }
+  /^PERF allreduce-rdma / { rd[$3] = rd[$3] " " $4 }
+  /^PERF allreduce-rdmaregister / { rg[$3] = rg[$3] " " $4 }
+  /^PERF allreduce-tcp / { tc[$3] = tc[$3] " " $4 }
   function r(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
   END {
-    print "| size | ib_write_bw one way | ib_write_bw -b, per direction | oxccl rdma busbw | oxccl tcp busbw | rdma / one way | rdma / per direction | rdma / tcp |"
-    print "|---|---|---|---|---|---|---|---|"
+    print "| size | ib_write_bw one way | ib_write_bw -b, per direction | oxccl rdma | oxccl rdma, registered | oxccl tcp | rdma / one way | registered / one way | registered / per direction | rdma / tcp |"
+    print "|---|---|---|---|---|---|---|---|---|---|"
     n = split("1048576 16777216", s, " ")
     for (i = 1; i <= n; i++) {
-      k = s[i]; o = median(ib[k]); b = median(bi[k])
-      printf "| %d MiB | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %s | %s | %s |\n", k / 1048576, o, b, rd[k], tc[k], r(rd[k], o), r(rd[k], b), r(rd[k], tc[k])
+      k = s[i]; o = median(ib[k]); b = median(bi[k]); d = median(rd[k]); g = median(rg[k]); t = median(tc[k])
+      printf "| %d MiB | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %.1f MB/s | %s | %s | %s | %s |\n", k / 1048576, o, b, d, g, t, r(d, o), r(g, o), r(g, b), r(d, t)
     }
-    print "(ib_write_bw: the median of three runs; oxccl: allreduce-perf -R 3, the median of three timed loops)"
+    print "(oxccl: 2-rank all-reduce bus bandwidth, out of place; every figure the median of three rounds, each round measuring every column once)"
   }' "$WORK.log"

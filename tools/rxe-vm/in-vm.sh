@@ -36,28 +36,31 @@ bw() {
     cat $TMPDIR/bw.c; echo "RESULT ib_write_bw$*-$size FAIL(rc=$c)"
   fi
 }
-# Three runs each (the emulated device's speed swings from run to run); ci.sh takes the median.
+# allreduce-perf, 2 ranks, 1 MiB and 16 MiB, out-of-place bus bandwidth (MB/s; 2 ranks: bus
+# bandwidth = size / time) over TRANSPORT, with more flags after it (--register).
+ar() {
+  tr=$1; shift
+  name=allreduce-$tr$(echo "$*" | tr -d ' -')
+  timeout 300 "$perf" --ranks 2 -b 1M -e 16M -f 16 -w 1 -n 5 --transport "$tr" "$@" > $TMPDIR/ar 2>&1
+  rc=$?
+  cat $TMPDIR/ar
+  if [ $rc = 0 ]; then
+    # Rows: size count type redop root time(us) algbw busbw #wrong ...
+    awk -v n="$name" '$1 ~ /^[0-9]+$/ && NF >= 9 {printf "PERF %s %s %.1f\n", n, $1, $1 / $6}' $TMPDIR/ar
+  else
+    echo "RESULT $name FAIL(rc=$rc)"
+  fi
+}
+# Three rounds, each measuring everything once, so that the emulated device's swings (its
+# speed changes from minute to minute) fall on every column alike; ci.sh takes the medians.
 for run in 1 2 3; do
   bw 1048576 60
   bw 16777216 8
   bw 1048576 60 -b
   bw 16777216 8 -b
-done
-
-# allreduce-perf, 2 ranks, 1 MiB and 16 MiB, out-of-place bus bandwidth (the median of three
-# timed loops), over each transport.
-for tr in rdma tcp; do
-  timeout 300 "$perf" --ranks 2 -b 1M -e 16M -f 16 -w 1 -n 5 -R 3 --transport "$tr" > $TMPDIR/ar.$tr 2>&1
-  rc=$?
-  cat $TMPDIR/ar.$tr
-  if [ $rc = 0 ]; then
-    # Rows: size count type redop root time(us) algbw busbw #wrong ...: the bus bandwidth in
-    # MB/s from the out-of-place time (2 ranks: bus bandwidth = size / time).
-    awk -v tr="$tr" '$1 ~ /^[0-9]+$/ && NF >= 9 {printf "PERF allreduce-%s %s %.1f\n", tr, $1, $1 / $6}' $TMPDIR/ar.$tr
-    echo "RESULT allreduce-perf-$tr PASS"
-  else
-    echo "RESULT allreduce-perf-$tr FAIL(rc=$rc)"
-  fi
+  ar rdma
+  ar rdma --register
+  ar tcp
 done
 
 # The tuner prices rdma links once a calibration measured them.

@@ -182,6 +182,12 @@ pub struct Cli {
     #[arg(long)]
     pub calibrate: bool,
 
+    /// Register every buffer with the communicator before its row runs (as nccl-tests'
+    /// `--local_register 1` does with ncclCommRegister): over rdma links sends then go
+    /// straight from the buffers, without a copy.
+    #[arg(long)]
+    pub register: bool,
+
     /// Print the job's topology (hosts x ranks, NUMA nodes, caches, NICs, GPUs, each rank's
     /// binding and NIC) and exit without measuring
     #[arg(long)]
@@ -308,6 +314,8 @@ pub struct Settings {
     pub corrupt_rank: Option<usize>,
     /// `--calibrate`.
     pub calibrate: bool,
+    /// `--register`.
+    pub register: bool,
     /// `--topo`.
     pub topo: bool,
 }
@@ -393,6 +401,7 @@ impl Cli {
             device: self.device,
             corrupt_rank: self.corrupt_rank,
             calibrate: self.calibrate,
+            register: self.register,
             topo: self.topo,
         })
     }

@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use oxccl::Communicator;
 use oxccl::algo::Plan;
 use oxccl::types::{DataType, ReduceOp};
+use oxccl::{Communicator, Registration};
 
 use crate::args::{Combine, Settings};
 use crate::check::{self, Case, Pattern};
@@ -65,6 +65,9 @@ pub struct Measured {
 
 /// One placement of a row under measurement.
 struct Trial {
+    /// The buffers' registrations (`--register`); they end before the buffers are freed
+    /// (fields drop in order).
+    _registered: Vec<Registration>,
     shape: Shape,
     pattern: Pattern,
     bufs: Buffers,
@@ -98,6 +101,14 @@ struct Buf {
 const BUF_ALIGN: usize = 4096;
 
 impl Buf {
+    /// Registers the buffer with `comm`.
+    fn register(&self, comm: &Communicator) -> Result<Registration, String> {
+        let b = self.bytes();
+        // SAFETY: a Buf's memory never moves or shrinks, and the registration is dropped
+        // before the Buf (`Trial`'s field order).
+        unsafe { comm.register(b.as_ptr(), b.len()) }.map_err(|e| e.to_string())
+    }
+
     fn new(len: usize) -> Result<Buf, String> {
         let mut words = Vec::new();
         let n = len.div_ceil(8) + BUF_ALIGN / 8;
@@ -210,6 +221,13 @@ impl<'a> Bench<'a> {
             },
             Placement::InPlace => Buffers::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
         };
+        let registered = match (&bufs, s.register) {
+            (_, false) => Vec::new(),
+            (Buffers::Separate { send, recv }, true) => {
+                vec![send.register(self.comm)?, recv.register(self.comm)?]
+            }
+            (Buffers::Shared(buf), true) => vec![buf.register(self.comm)?],
+        };
         let pattern = Pattern::new(row.coll, row.op, row.dtype, self.comm.size());
         self.prepare(row, &shape, &pattern, &mut bufs)?;
 
@@ -228,6 +246,7 @@ impl<'a> Bench<'a> {
             .and_then(|()| durations.try_reserve_exact(timed))
             .map_err(|_| format!("cannot hold the times of {timed} iterations"))?;
         Ok(Some(Trial {
+            _registered: registered,
             shape,
             pattern,
             bufs,
@@ -240,6 +259,7 @@ impl<'a> Bench<'a> {
     /// Combines a placement's times over ranks, checks its output, and sums it up.
     fn finish(&self, row: &Row, t: Trial) -> Result<Measured, String> {
         let Trial {
+            _registered: registered,
             shape,
             pattern,
             mut bufs,
@@ -256,10 +276,13 @@ impl<'a> Bench<'a> {
         iterations.sort_by(f64::total_cmp);
 
         let nwrong = if self.settings.check > 0 {
-            Some(self.check(row, &shape, &pattern, &mut bufs)?)
+            Some(self.check(row, &shape, &pattern, &mut bufs))
         } else {
             None
         };
+        // The registrations end before the buffers go.
+        drop(registered);
+        let nwrong = nwrong.transpose()?;
         let alg_bw = if time > 0.0 {
             row.size as f64 / time / 1e9
         } else {

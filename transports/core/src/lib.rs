@@ -313,6 +313,26 @@ pub trait Link: Send {
         false
     }
 
+    /// Registers `len` bytes at `ptr` under `id` (a caller's buffer it will send from again),
+    /// where the transport can then send without copying (rdma: the device reads it). A
+    /// transport that needs no registration ignores it (the default). Registering an id again
+    /// does nothing.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays mapped and readable until [`Link::deregister`] of `id` returns or the
+    /// link is dropped.
+    unsafe fn register(&mut self, id: u64, ptr: *const u8, len: usize) -> Result<()> {
+        let _ = (id, ptr, len);
+        Ok(())
+    }
+
+    /// Ends registration `id` (unknown ids are ignored); on return the transport no longer
+    /// reads that memory, for sends posted before as well.
+    fn deregister(&mut self, id: u64) {
+        let _ = id;
+    }
+
     /// Forgets every posted operation without closing the link: from the return of this call
     /// the link never reads or writes the memory of an operation posted before it — nor does
     /// the peer, where it reads this side's memory directly — and none of them completes. A send already partly on the wire is finished from the transport's own

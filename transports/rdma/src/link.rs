@@ -25,7 +25,7 @@ use oxccl_transport::{
 use oxccl_transport_tcp::TcpLink;
 
 use crate::sys::{self, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
-use crate::verbs::{Depths, Queue, Region, Remote};
+use crate::verbs::{Depths, Queue, Region, Remote, UserRegion};
 
 /// A ring's layout for messages of up to `max_message` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +77,10 @@ const TAIL_MASK: u32 = CREDIT - 1;
 /// How long after the side connection closed a posted operation may still complete from
 /// completions already on their way before the link reports the peer gone.
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
+/// How long `cancel` and `deregister` wait for writes from a caller's memory to complete
+/// before moving the queue pair to the error state (which flushes them), and then again for
+/// the flush.
+const QUIESCE: Duration = Duration::from_secs(2);
 /// A busy link reads its side connection once every this many polls.
 const SIDE_EVERY: u32 = 16;
 const WR_DATA: u64 = 1;
@@ -117,8 +121,12 @@ struct Arrived {
 /// A posted write, in posting order (one queue pair completes its sends in order).
 #[derive(Debug)]
 enum Posted {
-    /// A data write and the token of its send (`None` once cancelled).
-    Data(Option<Token>),
+    /// A data write and the token of its send (`None` once cancelled); `direct` when the
+    /// device reads it from the caller's registered memory rather than the staging area.
+    Data {
+        token: Option<Token>,
+        direct: bool,
+    },
     Credit,
 }
 
@@ -166,6 +174,10 @@ pub struct RdmaLink {
     discard: bool,
     stash: Vec<IbvWc>,
     controls: Vec<Vec<u8>>,
+    /// Callers' memory registered for sends without a copy, by registration id.
+    user: Vec<(u64, UserRegion)>,
+    /// Sends written straight from a caller's registered memory so far.
+    direct_sends: u64,
     closed_since: Option<Instant>,
     /// A completion event was requested (`arm`) and has not been taken from the channel yet:
     /// only then can the channel hold one, so only then does `poll` read it.
@@ -176,6 +188,14 @@ pub struct RdmaLink {
     /// what already arrived is still delivered.
     qp_dead: Option<String>,
     broken: Option<Broken>,
+}
+
+impl RdmaLink {
+    /// How many sends went straight from a caller's registered memory ([`Link::register`])
+    /// rather than through the staging area.
+    pub fn direct_sends(&self) -> u64 {
+        self.direct_sends
+    }
 }
 
 impl std::fmt::Debug for RdmaLink {
@@ -244,6 +264,8 @@ impl RdmaLink {
             discard: false,
             stash,
             controls,
+            user: Vec::new(),
+            direct_sends: 0,
             closed_since: None,
             notify_pending: false,
             side_in: 0,
@@ -390,7 +412,7 @@ impl RdmaLink {
                 }
             }
             sys::IBV_WC_RDMA_WRITE => match (self.posted.pop_front(), wc.wr_id) {
-                (Some(Posted::Data(token)), WR_DATA) => {
+                (Some(Posted::Data { token, .. }), WR_DATA) => {
                     if let Some(t) = token {
                         out.push(Completion::Sent(t));
                     }
@@ -511,18 +533,27 @@ impl RdmaLink {
             return Ok(());
         }
         let tail = (self.tail / self.geometry.slot) as u32 & TAIL_MASK;
-        self.post_write(WR_CREDIT, 0, 0, CREDIT | tail)?;
+        self.post_write(WR_CREDIT, (0, 0), 0, 0, CREDIT | tail)?;
         self.tail_sent = self.tail;
         self.credit_inflight = true;
         self.posted.push_back(Posted::Credit);
         Ok(())
     }
 
-    fn post_write(&mut self, wr_id: u64, off: u64, len: usize, imm: u32) -> Result<(), Broken> {
+    /// Writes `len` bytes from `source` (address, local key) to offset `off` of the peer's
+    /// ring, with the immediate `imm`.
+    fn post_write(
+        &mut self,
+        wr_id: u64,
+        (addr, lkey): (u64, u32),
+        off: u64,
+        len: usize,
+        imm: u32,
+    ) -> Result<(), Broken> {
         let mut sge = IbvSge {
-            addr: self.staging.ptr() as u64 + off,
+            addr,
             length: len as u32,
-            lkey: self.staging.lkey,
+            lkey,
         };
         let mut wr = IbvSendWr {
             wr_id,
@@ -536,8 +567,10 @@ impl RdmaLink {
             rkey: self.remote.ring_rkey,
             _rest: [0; 76],
         };
-        // SAFETY: the work request and its gather entry live for the call; the staging area
-        // is registered and stays mapped while the QP lives.
+        // SAFETY: the work request and its gather entry live for the call; the source is
+        // registered: the staging area stays mapped while the QP lives, a caller's registered
+        // memory until the write completes (`post_send`'s contract; `cancel` and `deregister`
+        // wait for it).
         let rc = unsafe { self.queue.dev.v.post_send(self.queue.qp, &mut wr) };
         if rc != 0 {
             return Err(Broken::Io(format!(
@@ -566,17 +599,82 @@ impl RdmaLink {
                 break;
             }
             let off = start % cap;
-            // SAFETY: the caller vouched for `buf` until the send completes; `off + len <=
-            // cap <= staging.len()` (checked at connection); the staging area is private.
-            unsafe {
-                std::ptr::copy_nonoverlapping(buf.ptr(), self.staging.ptr().add(off as usize), len)
+            // From the caller's memory where it is registered (the write then reads it until
+            // it completes, and so does the send), else through the staging area.
+            let direct = self
+                .user
+                .iter()
+                .find(|(_, r)| len > 0 && r.holds(buf.ptr(), len))
+                .map(|(_, r)| r.lkey);
+            let source = match direct {
+                Some(lkey) => (buf.ptr() as u64, lkey),
+                None => {
+                    // SAFETY: the caller vouched for `buf` until the send completes; `off +
+                    // len <= cap <= staging.len()` (checked at connection); the staging area
+                    // is private.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            buf.ptr(),
+                            self.staging.ptr().add(off as usize),
+                            len,
+                        )
+                    };
+                    (self.staging.ptr() as u64 + off, self.staging.lkey)
+                }
             };
-            self.post_write(WR_DATA, off, len, len as u32)?;
+            self.post_write(WR_DATA, source, off, len, len as u32)?;
+            self.direct_sends += u64::from(direct.is_some());
             self.head = end;
-            self.posted.push_back(Posted::Data(Some(token)));
+            self.posted.push_back(Posted::Data {
+                token: Some(token),
+                direct: direct.is_some(),
+            });
             self.pending.pop_front();
         }
         Ok(())
+    }
+
+    /// Waits until every posted write up to the last one `pick` selects has completed (its
+    /// completion taken into the stash, handled by the next poll), at most [`QUIESCE`]; then
+    /// the queue pair goes to the error state, which flushes what is left, and the link is
+    /// broken. Should even the flush not come, the link is broken and the writes' memory stays
+    /// registered (pinned) for as long as the link lives.
+    fn quiesce(&mut self, pick: impl Fn(&Posted) -> bool) {
+        let Some(last) = self.posted.iter().rposition(pick) else {
+            return;
+        };
+        let mut deadline = Instant::now() + QUIESCE;
+        let mut failed = false;
+        loop {
+            self.take_completions();
+            let done = self
+                .stash
+                .iter()
+                .filter(|wc| wc.wr_id == WR_DATA || wc.wr_id == WR_CREDIT)
+                .count();
+            if done > last {
+                return;
+            }
+            if Instant::now() >= deadline {
+                if failed {
+                    self.broken.get_or_insert(Broken::Io(
+                        "writes from registered memory were not flushed".into(),
+                    ));
+                    return;
+                }
+                tracing::debug!(
+                    peer = self.peer,
+                    "rdma: writes did not finish; failing the QP"
+                );
+                self.queue.fail();
+                self.broken.get_or_insert(Broken::Io(
+                    "writes from registered memory did not finish".into(),
+                ));
+                failed = true;
+                deadline = Instant::now() + QUIESCE;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Whether something posted can no longer complete if the peer is gone.
@@ -586,7 +684,7 @@ impl RdmaLink {
             || self
                 .posted
                 .iter()
-                .any(|p| matches!(p, Posted::Data(Some(_))))
+                .any(|p| matches!(p, Posted::Data { token: Some(_), .. }))
             || (!self.recvs.is_empty() && unmatched)
     }
 
@@ -729,6 +827,30 @@ impl Link for RdmaLink {
         self.side.control_pending()
     }
 
+    unsafe fn register(&mut self, id: u64, ptr: *const u8, len: usize) -> Result<()> {
+        if len == 0 || self.user.iter().any(|(i, _)| *i == id) {
+            return Ok(());
+        }
+        // SAFETY: the caller keeps the memory mapped until `deregister(id)` returns or the
+        // link is dropped; the region is dropped by either, after its writes completed.
+        let r = unsafe { UserRegion::new(&self.queue.dev, ptr, len) }.map_err(|e| {
+            TransportError::io(
+                format!("rdma link to rank {}", self.peer),
+                std::io::Error::other(e),
+            )
+        })?;
+        self.user.push((id, r));
+        Ok(())
+    }
+
+    fn deregister(&mut self, id: u64) {
+        let Some(i) = self.user.iter().position(|(r, _)| *r == id) else {
+            return;
+        };
+        self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
+        self.user.swap_remove(i);
+    }
+
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         if self.broken.is_none()
             && let Err(b) = self.poll_inner(out)
@@ -809,10 +931,12 @@ impl Link for RdmaLink {
     fn cancel(&mut self) {
         self.pending.clear();
         for p in self.posted.iter_mut() {
-            if let Posted::Data(t) = p {
-                *t = None;
+            if let Posted::Data { token, .. } = p {
+                *token = None;
             }
         }
+        // Writes from the caller's memory read it until they complete.
+        self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
         self.recvs.clear();
         self.lent = None;
         for m in self.arrived.iter_mut() {
@@ -832,6 +956,8 @@ impl Link for RdmaLink {
     fn close(&mut self) {
         self.queue.fail();
         self.side.close();
+        // The error state flushes what was posted; writes from a caller's memory are awaited.
+        self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
     }
 }
 

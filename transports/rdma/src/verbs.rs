@@ -252,6 +252,64 @@ impl Region {
     }
 }
 
+/// A registration of memory the caller owns (for sends straight from it): dropping it
+/// deregisters, and never unmaps.
+pub(crate) struct UserRegion {
+    dev: Arc<Device>,
+    mr: *mut IbvMr,
+    /// The registered bytes.
+    pub start: usize,
+    pub len: usize,
+    pub lkey: u32,
+}
+
+// SAFETY: verbs handles are thread-safe; the memory is the caller's (see `new`).
+unsafe impl Send for UserRegion {}
+
+impl UserRegion {
+    /// Registers `len` bytes at `ptr` for the device to read (local access only: nothing
+    /// remote may read or write it).
+    ///
+    /// # Safety
+    ///
+    /// The memory is mapped and readable for `len` bytes until the registration is dropped.
+    pub unsafe fn new(dev: &Arc<Device>, ptr: *const u8, len: usize) -> Result<UserRegion, String> {
+        // SAFETY: the caller vouches for the memory; no access flag: the device only reads it
+        // for this process's own work requests.
+        let mr = unsafe { (dev.v.reg_mr)(dev.pd, ptr.cast_mut().cast::<c_void>(), len, 0) };
+        if mr.is_null() {
+            return Err(os_error(
+                &format!("rdma: register {len} bytes at {ptr:p} with {dev:?}"),
+                None,
+            ));
+        }
+        // SAFETY: a live ibv_mr holds its key at this offset (checked by tests/layout.rs).
+        let lkey = unsafe { ptr::read((mr as *const u8).add(sys::offset::MR_LKEY) as *const u32) };
+        Ok(UserRegion {
+            dev: dev.clone(),
+            mr,
+            start: ptr as usize,
+            len,
+            lkey,
+        })
+    }
+
+    /// Whether `len` bytes at `ptr` lie inside.
+    pub fn holds(&self, ptr: *const u8, len: usize) -> bool {
+        let p = ptr as usize;
+        p >= self.start
+            && p.checked_add(len)
+                .is_some_and(|e| e <= self.start + self.len)
+    }
+}
+
+impl Drop for UserRegion {
+    fn drop(&mut self) {
+        // SAFETY: the registration is ours; its work requests completed (see RdmaLink).
+        unsafe { (self.dev.v.dereg_mr)(self.mr) };
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: the registration and mapping are ours; the QPs that used them are destroyed

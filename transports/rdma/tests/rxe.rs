@@ -1,6 +1,6 @@
 //! The RDMA link contract on a real verbs device, ranks as threads of one process (each with
 //! its own device context, queue pairs and rings): order and exact sizes across ring wraps,
-//! more messages than the ring holds, lent receives, size mismatches, a closed peer, cancel,
+//! more messages than the ring holds, sends straight from registered memory, lent receives, size mismatches, a closed peer, cancel,
 //! sleeping on the completion channel, and strangers at the side connection. Without a device they check that the transport says
 //! it is unavailable and print "skipped: …"; CI runs them in the Soft-RoCE VM
 //! (`OXCCL_REQUIRE_RDMA=1` there).
@@ -430,6 +430,133 @@ fn a_burst_beyond_the_ring_waits_for_receives_and_a_held_lend_does_not_block() {
     for (i, buf) in bufs.iter().enumerate().skip(1) {
         assert!(*buf == msgs[i], "message {i}");
     }
+}
+
+/// Receives `want.len()` messages on `b` into memory while polling `a` until all its sends
+/// completed; checks each against `want`.
+fn receive_all(a: &mut RdmaLink, b: &mut RdmaLink, want: &[Vec<u8>], sends: usize) {
+    let mut bufs: Vec<Vec<u8>> = want.iter().map(|m| vec![0xee; m.len()]).collect();
+    for (i, buf) in bufs.iter_mut().enumerate() {
+        // SAFETY: bufs outlive the receives, polled to completion below.
+        let into = RecvInto::Memory(unsafe { RecvBuf::new(buf.as_mut_ptr(), buf.len()) });
+        // SAFETY: as above.
+        unsafe { b.post_recv(i as u64, into) }.unwrap();
+    }
+    let (mut sent, mut got) = (Vec::new(), Vec::new());
+    let end = Instant::now() + Duration::from_secs(60);
+    while sent.len() < sends || got.len() < want.len() {
+        a.poll(&mut sent).unwrap();
+        b.poll(&mut got).unwrap();
+        assert!(
+            Instant::now() < end,
+            "stuck: {} of {sends} sent, {} of {} received",
+            sent.len(),
+            got.len(),
+            want.len()
+        );
+    }
+    for (i, c) in got.iter().enumerate() {
+        assert!(
+            matches!(c, Completion::Received(t) if *t as usize == i),
+            "{c:?}"
+        );
+    }
+    for (i, (buf, w)) in bufs.iter().zip(want).enumerate() {
+        assert!(buf == w, "message {i} of {} bytes", w.len());
+    }
+}
+
+/// Polls both links for a second, so that ring space the receiver freed gets back to the
+/// sender (credits go one at a time).
+fn settle(a: &mut RdmaLink, b: &mut RdmaLink) {
+    let (t, mut got) = (Instant::now(), Vec::new());
+    while t.elapsed() < Duration::from_secs(1) {
+        a.poll(&mut got).unwrap();
+        b.poll(&mut got).unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn sends_from_registered_memory_skip_the_copy_and_deregistering_waits_for_them() {
+    if unavailable().is_some() {
+        return;
+    }
+    let (mut a, mut b) = pair();
+    const LEN: usize = 1 << 20;
+    let mut mem = pattern(3, LEN);
+    let other = pattern(4, MAX);
+    // SAFETY: `mem` outlives the registration, which ends (deregister) before `mem` is
+    // written or dropped.
+    unsafe { a.register(7, mem.as_ptr(), LEN) }.unwrap();
+    // Registering the same id again changes nothing; nor does an unknown id's deregistration.
+    // SAFETY: as above.
+    unsafe { a.register(7, mem.as_ptr(), LEN) }.unwrap();
+    a.deregister(99);
+    // Slices of the registered memory at odd offsets and lengths, with a message from
+    // unregistered memory and an empty one among them: only the former go without a copy.
+    let mut want = Vec::new();
+    let mut direct = 0;
+    for i in 0..60usize {
+        let len = [MAX, 1, 4097, MAX - 1, 0][i % 5];
+        let (m, registered): (&[u8], bool) = if i % 7 == 3 {
+            (&other[..len], false)
+        } else {
+            let at = (i * 24_593) % (LEN - MAX);
+            (&mem[at..at + len], len > 0)
+        };
+        direct += usize::from(registered);
+        // SAFETY: `mem` and `other` outlive the sends, polled to completion in receive_all.
+        unsafe { a.post_send(i as u64, SendBuf::from_slice(m)) }.unwrap();
+        want.push(m.to_vec());
+    }
+    receive_all(&mut a, &mut b, &want, want.len());
+    assert_eq!(a.direct_sends(), direct as u64, "sends without a copy");
+
+    // Deregistration returns only once the writes reading the memory have completed: the
+    // peer gets what the memory held when they were posted, not what is written after.
+    settle(&mut a, &mut b);
+    let before = mem.clone();
+    let msgs = [(0, MAX / 2), (MAX, MAX / 2)];
+    for (i, &(at, len)) in msgs.iter().enumerate() {
+        // SAFETY: `mem` outlives the sends (completed before deregister returns, polled
+        // below); the two fit the peer's ring, so both are posted at once.
+        unsafe { a.post_send(i as u64, SendBuf::from_slice(&mem[at..at + len])) }.unwrap();
+    }
+    assert_eq!(
+        a.direct_sends(),
+        direct as u64 + 2,
+        "both posted from the memory"
+    );
+    a.deregister(7);
+    mem.fill(0xaa);
+    let want: Vec<Vec<u8>> = msgs
+        .iter()
+        .map(|&(at, len)| before[at..at + len].to_vec())
+        .collect();
+    receive_all(&mut a, &mut b, &want, 2);
+    // Not registered any more: copied.
+    // SAFETY: `mem` outlives the send, polled to completion.
+    unsafe { a.post_send(0, SendBuf::from_slice(&mem[..100])) }.unwrap();
+    receive_all(&mut a, &mut b, &[vec![0xaa; 100]], 1);
+    assert_eq!(a.direct_sends(), direct as u64 + 2);
+
+    // cancel() likewise returns only once writes from registered memory are done with it.
+    settle(&mut a, &mut b);
+    mem.copy_from_slice(&before);
+    // SAFETY: as for the first registration.
+    unsafe { a.register(8, mem.as_ptr(), LEN) }.unwrap();
+    for (i, &(at, len)) in msgs.iter().enumerate() {
+        // SAFETY: as above; cancel() below waits for them.
+        unsafe { a.post_send(i as u64, SendBuf::from_slice(&mem[at..at + len])) }.unwrap();
+    }
+    assert_eq!(a.direct_sends(), direct as u64 + 4);
+    a.cancel();
+    mem.fill(0x55);
+    // The cancelled sends were already written; the peer still receives them whole.
+    receive_all(&mut a, &mut b, &want, 0);
+    a.deregister(8);
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn cluster(labels: &[usize]) -> Vec<Communicator> {
         LinkCost {
             alpha: 20e-6,
             beta: 0.8e-9,
+            stream: None,
         },
     );
     let table = std::env::temp_dir().join(format!(

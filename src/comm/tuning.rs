@@ -23,6 +23,11 @@ use crate::types::{DataType, Rank};
 /// The store key rank 0 answers under at creation.
 const KEY: &str = "tune";
 
+/// The transfer that times links inside a host streaming from memory: twice the 32 MiB
+/// last-level cache of the reference machine (larger caches make it read partly from them, and
+/// then large calls do too).
+const STREAM_BYTES: usize = 64 << 20;
+
 /// What a calibration measures.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -177,32 +182,43 @@ impl Communicator {
         Ok(costs)
     }
 
-    /// Times the links (α from 8-byte messages, β from 4 MiB ones): a ping-pong between the
-    /// first two ranks of the first host that has two (the links inside a host) and between
-    /// rank 0 and the first rank of the next host (the links between hosts). Rank 0's answer: each measured kind with its model (the pairs'
-    /// first ranks send theirs to rank 0); the other ranks' is empty.
+    /// Times the links (α from 8-byte messages, β from 4 MiB ones, which stay in the caches): a
+    /// ping-pong between the first two ranks of the first host that has two (the links inside a
+    /// host; these also time a 64 MiB transfer, which streams from memory as large calls do) and
+    /// between rank 0 and the first rank of the next host (the links between hosts, whose
+    /// network is slower than memory). Rank 0's answer: each measured kind with its model (the
+    /// pairs' first ranks send theirs to rank 0); the other ranks' is empty.
     fn measure_links(&self) -> Result<Vec<(LinkKind, LinkCost)>> {
         let hosts = &self.inner.hosts;
         let mut pairs = Vec::new();
         if let Some(h) = (0..hosts.count()).find(|&h| hosts.members(h).len() >= 2) {
-            pairs.push((hosts.members(h)[0], hosts.members(h)[1]));
+            pairs.push((hosts.members(h)[0], hosts.members(h)[1], true));
         }
         if hosts.count() >= 2 {
-            pairs.push((0, hosts.members(1)[0]));
+            pairs.push((0, hosts.members(1)[0], false));
         }
         let me = self.rank();
         let mut out = Vec::new();
-        for (a, b) in pairs {
+        for (a, b, inside) in pairs {
             if me == a || me == b {
                 let peer = if me == a { b } else { a };
                 let t = |bytes: usize, iters: usize| self.ping_pong(me == a, peer, bytes, iters);
-                // β from a transfer large enough to stream from memory, as large calls do.
-                let (small, large) = (8, 4 << 20);
-                let (t0, t1) = (t(small, 200)?, t(large, 12)?);
+                let (small, near) = (8, LinkCost::NEAR_BYTES);
+                let (t0, t1) = (t(small, 200)?, t(near, 12)?);
+                let mut cost = LinkCost::fit((small, t0), (near, t1));
+                if inside {
+                    cost = cost.with_stream(STREAM_BYTES, t(STREAM_BYTES, 3)?);
+                }
                 if me == a {
                     let kind = self.inner.link_names[b].and_then(LinkKind::of);
-                    let cost = LinkCost::fit((small, t0), (large, t1));
-                    let row = [kind.map_or(-1.0, |k| k as u8 as f64), cost.alpha, cost.beta];
+                    let (sb, sbeta) = cost.stream.unwrap_or((0, 0.0));
+                    let row = [
+                        kind.map_or(-1.0, |k| k as u8 as f64),
+                        cost.alpha,
+                        cost.beta,
+                        sb as f64,
+                        sbeta,
+                    ];
                     if a == 0 {
                         out.extend(kind.map(|k| (k, cost)));
                     } else {
@@ -211,7 +227,7 @@ impl Communicator {
                 }
             }
             if me == 0 && a != 0 {
-                let mut row = [0f64; 3];
+                let mut row = [0f64; 5];
                 self.recv(&mut row, a)?;
                 let kind = LinkKind::ALL
                     .into_iter()
@@ -222,6 +238,7 @@ impl Communicator {
                         LinkCost {
                             alpha: row[1],
                             beta: row[2],
+                            stream: (row[3] > 0.0).then_some((row[3] as usize, row[4])),
                         },
                     )
                 }));

@@ -138,16 +138,25 @@ impl LinkKind {
 }
 
 /// A link's α-β model: a message of `b` bytes takes `alpha + b·beta` seconds from the start of
-/// its send to its arrival.
+/// its send to its arrival. β is measured on transfers that stay in the caches
+/// ([`LinkCost::NEAR_BYTES`]); where a call's buffers are larger the bytes stream from memory,
+/// which can be several times slower, and `stream` holds β measured there.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkCost {
     /// Seconds per message.
     pub alpha: f64,
-    /// Seconds per byte.
+    /// Seconds per byte, for calls of up to [`LinkCost::NEAR_BYTES`].
     pub beta: f64,
+    /// Seconds per byte for calls of this many bytes and more, if measured: (bytes, β).
+    /// Between `NEAR_BYTES` and these bytes β moves from `beta` to it in proportion to the
+    /// logarithm of the size.
+    pub stream: Option<(usize, f64)>,
 }
 
 impl LinkCost {
+    /// The transfer size `beta` is measured at: one that the caches hold.
+    pub const NEAR_BYTES: usize = 4 << 20;
+
     /// The line through two one-way times: `t0` for `b0` bytes and `t1` for `b1 > b0`; β is
     /// never below zero.
     pub fn fit((b0, t0): (usize, f64), (b1, t1): (usize, f64)) -> LinkCost {
@@ -159,13 +168,37 @@ impl LinkCost {
         LinkCost {
             alpha: (t0 - beta * b0 as f64).max(0.0),
             beta,
+            stream: None,
         }
+    }
+
+    /// This model with β for calls of `bytes` (more than [`LinkCost::NEAR_BYTES`]) measured
+    /// as the time of a `bytes` transfer less α.
+    pub fn with_stream(self, bytes: usize, seconds: f64) -> LinkCost {
+        let stream = (bytes > Self::NEAR_BYTES)
+            .then(|| (bytes, ((seconds - self.alpha) / bytes as f64).max(0.0)));
+        LinkCost { stream, ..self }
+    }
+
+    /// Seconds per byte for a call whose buffers hold `bytes`.
+    pub fn beta_for(&self, bytes: usize) -> f64 {
+        let Some((far, beta_far)) = self.stream.filter(|&(far, _)| far > Self::NEAR_BYTES) else {
+            return self.beta;
+        };
+        if bytes <= Self::NEAR_BYTES {
+            return self.beta;
+        }
+        let near = (Self::NEAR_BYTES as f64).log2();
+        let t = (((bytes as f64).log2() - near) / ((far as f64).log2() - near)).min(1.0);
+        self.beta + t * (beta_far - self.beta)
     }
 
     fn valid(&self) -> bool {
         [self.alpha, self.beta]
-            .iter()
-            .all(|v| v.is_finite() && (0.0..=MAX_SECONDS).contains(v))
+            .into_iter()
+            .chain(self.stream.map(|(_, b)| b))
+            .all(|v| v.is_finite() && (0.0..=MAX_SECONDS).contains(&v))
+            && self.stream.is_none_or(|(b, _)| b > Self::NEAR_BYTES)
     }
 }
 
@@ -320,13 +353,17 @@ impl Costs {
         }
         for kind in LinkKind::ALL {
             if let Some(l) = self.links[kind.index()] {
-                let _ = writeln!(
+                let _ = write!(
                     s,
                     "link {} alpha={:.4e} beta={:.4e}",
                     kind.name(),
                     l.alpha,
                     l.beta
                 );
+                if let Some((bytes, beta)) = l.stream {
+                    let _ = write!(s, " stream={bytes}:{beta:.4e}");
+                }
+                s.push('\n');
             }
         }
         if let Some(g) = self.gamma {
@@ -382,12 +419,27 @@ impl Costs {
                 let name = words.next().unwrap_or("");
                 let kind = LinkKind::of(name)
                     .ok_or_else(|| bad(&format!("{name:?} is not a kind of link")))?;
-                let cost = LinkCost {
+                let mut cost = LinkCost {
                     alpha: value(words.next(), "alpha")?,
                     beta: value(words.next(), "beta")?,
+                    stream: None,
                 };
+                if let Some(w) = words.next() {
+                    let (bytes, beta) = w
+                        .strip_prefix("stream=")
+                        .and_then(|v| v.split_once(':'))
+                        .and_then(|(b, v)| Some((b.parse::<usize>().ok()?, v.parse::<f64>().ok()?)))
+                        .ok_or_else(|| bad("expected stream=bytes:seconds"))?;
+                    cost.stream = Some((bytes, beta));
+                    if !cost.valid() {
+                        return Err(bad(&format!(
+                            "stream: out of range (bytes above {}, seconds per byte)",
+                            LinkCost::NEAR_BYTES
+                        )));
+                    }
+                }
                 if words.next().is_some() {
-                    return Err(bad("more than alpha and beta"));
+                    return Err(bad("more than alpha, beta and stream"));
                 }
                 if links[kind.index()].replace(cost).is_some() {
                     return Err(bad(&format!("link {name} given twice")));
@@ -576,6 +628,7 @@ mod tests {
             let cost = LinkCost {
                 alpha: 1e-6 * (i + 1) as f64,
                 beta: 1e-10 * (i + 1) as f64,
+                stream: (i % 2 == 0).then_some((64 << 20, 3e-10 * (i + 1) as f64)),
             };
             c = c.with_link(kind, cost);
         }
@@ -584,14 +637,42 @@ mod tests {
             let (x, y) = (c.link(kind).unwrap(), again.link(kind).unwrap());
             assert!((x.alpha - y.alpha).abs() <= x.alpha * 1e-3, "{kind:?}");
             assert!((x.beta - y.beta).abs() <= x.beta * 1e-3, "{kind:?}");
+            match (x.stream, y.stream) {
+                (Some((b, s)), Some((b2, s2))) => {
+                    assert_eq!(b, b2, "{kind:?}");
+                    assert!((s - s2).abs() <= s * 1e-3, "{kind:?}");
+                }
+                (x, y) => assert_eq!(x, y, "{kind:?}"),
+            }
         }
         assert!(
             c.to_text()
-                .contains("link rdma alpha=3.0000e-6 beta=3.0000e-10")
+                .contains("link rdma alpha=3.0000e-6 beta=3.0000e-10 stream=67108864:9.0000e-10\n")
         );
         assert_eq!(LinkKind::of("loopback"), None);
         // The defaults price no rdma: it was not on the reference machine.
         assert_eq!(Costs::defaults().link(LinkKind::Rdma), None);
+    }
+
+    #[test]
+    fn beta_moves_from_the_cached_to_the_streaming_rate_with_the_logarithm_of_the_size() {
+        let near = LinkCost::NEAR_BYTES;
+        let plain = LinkCost::fit((8, 1e-6), (near, 1e-6 + near as f64 * 1e-10));
+        assert!((plain.beta - 1e-10).abs() < 1e-15);
+        assert_eq!(plain.beta_for(1 << 30), plain.beta);
+        // 64 MiB took α + 64 MiB × 4e-10.
+        let far = 64 << 20;
+        let l = plain.with_stream(far, plain.alpha + far as f64 * 4e-10);
+        let (_, b) = l.stream.unwrap();
+        assert!((b - 4e-10).abs() < 1e-15, "{b}");
+        assert_eq!(l.beta_for(8), plain.beta);
+        assert_eq!(l.beta_for(near), plain.beta);
+        // 16 MiB is half way from 4 to 64 MiB in log2.
+        assert!((l.beta_for(16 << 20) - 2.5e-10).abs() < 1e-15);
+        assert!((l.beta_for(far) - 4e-10).abs() < 1e-15);
+        assert!((l.beta_for(1 << 30) - 4e-10).abs() < 1e-15);
+        // A streaming size within the caches' is no streaming rate.
+        assert_eq!(plain.with_stream(near, 1.0).stream, None);
     }
 
     #[test]
@@ -629,6 +710,22 @@ mod tests {
                 "size=seconds",
             ),
             ("oxccl-costs 1\nranks two\n", "rank count"),
+            (
+                "oxccl-costs 1\nlink shm alpha=1e-6 beta=1e-10 stream=64:1e-9\n",
+                "stream: out of range",
+            ),
+            (
+                "oxccl-costs 1\nlink shm alpha=1e-6 beta=1e-10 stream=67108864:-1\n",
+                "stream: out of range",
+            ),
+            (
+                "oxccl-costs 1\nlink shm alpha=1e-6 beta=1e-10 stream=67108864\n",
+                "stream=bytes:seconds",
+            ),
+            (
+                "oxccl-costs 1\nlink shm alpha=1e-6 beta=1e-10 stream=67108864:1e-9 x\n",
+                "more than",
+            ),
             (
                 "oxccl-costs 1\nreduce staged in-place 8=1\nreduce staged in-place 8=1\n",
                 "twice",

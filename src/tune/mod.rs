@@ -278,13 +278,19 @@ fn price_schedule(
     if !(2..=MAX_PRICED_RANKS).contains(&n) || n != means.nranks {
         return None;
     }
+    let top = if class == 0 {
+        0
+    } else {
+        1usize << (class - 1).min(40)
+    };
     let model = |kind: Option<LinkKind>| -> Option<LinkModel> {
         let l = costs.link(kind?)?;
         // Copies in memory run at about the rate of folds (both stream through the cache).
         let gamma = costs.gamma().unwrap_or(0.0);
         Some(LinkModel {
             alpha: l.alpha,
-            beta: l.beta,
+            // The call's size, not a message's, says whether its bytes come from the caches.
+            beta: l.beta_for(top),
             gamma,
             copy: gamma,
         })
@@ -300,11 +306,6 @@ fn price_schedule(
         local
     };
     let elem = plan.dtype.size();
-    let top = if class == 0 {
-        0
-    } else {
-        1usize << (class - 1).min(40)
-    };
     let run = |bytes: usize| -> Option<(f64, usize)> {
         let p = Plan {
             count: bytes.div_ceil(elem),
@@ -1051,6 +1052,7 @@ mod tests {
                 LinkCost {
                     alpha: 0.5e-6,
                     beta: 0.1e-9,
+                    stream: None,
                 },
             )
             .with_link(
@@ -1058,6 +1060,7 @@ mod tests {
                 LinkCost {
                     alpha: tcp_alpha,
                     beta: 1e-9,
+                    stream: None,
                 },
             )
             .with_gamma(0.02e-9)

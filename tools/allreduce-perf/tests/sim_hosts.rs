@@ -111,6 +111,7 @@ fn network_costs(world: usize) -> PathBuf {
         LinkCost {
             alpha: 20e-6,
             beta: 0.8e-9,
+            stream: None,
         },
     );
     let text = costs

@@ -233,17 +233,29 @@ fn explain_names_the_route_that_runs() {
         "shm one-shot",
         "what allreduce-perf prints"
     );
-    // All-gather, reduce-scatter, broadcast and reduce are staged through the area; gather,
-    // scatter and all-to-all run schedules over the rings.
+    // Every other collective but the barrier goes through the area too, staged when small.
     let bcast = Plan::new(Collective::Broadcast, 10, DataType::F32);
     assert_eq!(route(&shm[1], bcast), Route::Area(Way::Staged));
     assert_eq!(route(&shm[1], bcast).name(), "shm staged");
-    let gather = Plan::new(Collective::Gather, 10, DataType::F32);
-    assert!(matches!(route(&shm[1], gather), Route::Schedule(_)));
+    for c in [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Reduce,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::AllToAll,
+    ] {
+        let p = Plan::new(c, 10, DataType::F32);
+        assert_eq!(route(&shm[1], p), Route::Area(Way::Staged), "{c}");
+    }
+    let barrier = Plan::new(Collective::Barrier, 0, DataType::U8);
+    assert!(matches!(route(&shm[1], barrier), Route::Schedule(_)));
 
     let tcp = Communicator::init_local(
         2,
-        Config::default().transports(TransportFilter::only(&["tcp"])),
+        Config::default()
+            .transports(TransportFilter::only(&["tcp"]))
+            .tune(Tune::Defaults),
     )
     .expect("init over tcp");
     // No area over TCP: a schedule, priced by the cost model (the defaults' TCP link).

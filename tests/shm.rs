@@ -8,8 +8,9 @@ mod util;
 
 use std::time::{Duration, Instant};
 
+use oxccl::algo::{Collective, Plan};
 use oxccl::config::TransportFilter;
-use oxccl::{Communicator, Config, Error, ReduceOp};
+use oxccl::{Communicator, Config, DataType, Error, ReduceOp};
 use util::procs::{launch, on_each};
 
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
@@ -230,6 +231,88 @@ fn check_area_collectives(comms: &[Communicator]) {
             if (r == 1 && buf != prod) || (r != 1 && buf != ints) {
                 return Err(fail("in-place reduce prod", count));
             }
+            // gather to the last rank, scatter from rank 1, out of place and (the root's block
+            // already where it belongs) in place
+            let root = n - 1;
+            let mut out = vec![f32::NAN; if r == root { n * count } else { 0 }];
+            c.gather(&mine, &mut out, root)
+                .map_err(|e| format!("gather {count}: {e}"))?;
+            if r == root && out != gathered {
+                return Err(fail("gather", count));
+            }
+            let plan = |coll| {
+                Plan::new(coll, count, DataType::F32)
+                    .root(root)
+                    .in_place(true)
+            };
+            if r == root {
+                let mut buf = vec![f32::NAN; n * count];
+                buf[r * count..(r + 1) * count].copy_from_slice(&mine);
+                let p = buf.as_mut_ptr().cast::<u8>();
+                // SAFETY: `buf` is the whole output, readable and writable, and nothing else
+                // touches it during the call.
+                unsafe {
+                    c.run_raw(
+                        plan(Collective::Gather),
+                        (p, n * count * 4),
+                        (p, n * count * 4),
+                    )
+                }
+                .map_err(|e| format!("gather in place {count}: {e}"))?;
+                if buf != gathered {
+                    return Err(fail("in-place gather", count));
+                }
+            } else {
+                c.gather(&mine, &mut [], root)
+                    .map_err(|e| format!("gather in place {count}: {e}"))?;
+            }
+            let root = 1;
+            let spread: Vec<f32> = (0..n * count).map(|j| val(root, j)).collect();
+            let want: Vec<f32> = spread[r * count..(r + 1) * count].to_vec();
+            let mut out = vec![f32::NAN; count];
+            let send = if r == root { &spread[..] } else { &[][..] };
+            c.scatter(send, &mut out, root)
+                .map_err(|e| format!("scatter {count}: {e}"))?;
+            if out != want {
+                return Err(fail("scatter", count));
+            }
+            if r == root {
+                let mut buf = spread.clone();
+                let p = buf.as_mut_ptr().cast::<u8>();
+                let plan = Plan::new(Collective::Scatter, count, DataType::F32)
+                    .root(root)
+                    .in_place(true);
+                // SAFETY: as for the gather.
+                unsafe { c.run_raw(plan, (p, n * count * 4), (p, n * count * 4)) }
+                    .map_err(|e| format!("scatter in place {count}: {e}"))?;
+                if buf != spread {
+                    return Err(fail("in-place scatter", count));
+                }
+            } else {
+                let mut out = vec![f32::NAN; count];
+                c.scatter(&[], &mut out, root)
+                    .map_err(|e| format!("scatter in place {count}: {e}"))?;
+                if out != want {
+                    return Err(fail("scatter beside an in-place root", count));
+                }
+            }
+            // all-to-all, out of place and in place: block q of rank r's input goes to rank q
+            let sends: Vec<f32> = (0..n * count).map(|j| val(r, j)).collect();
+            let got: Vec<f32> = (0..n * count)
+                .map(|j| val(j / count.max(1), r * count + j % count.max(1)))
+                .collect();
+            let mut out = vec![f32::NAN; n * count];
+            c.all_to_all(&sends, &mut out)
+                .map_err(|e| format!("all_to_all {count}: {e}"))?;
+            if out != got {
+                return Err(fail("all_to_all", count));
+            }
+            let mut buf = sends.clone();
+            c.all_to_all_in_place(&mut buf)
+                .map_err(|e| format!("all_to_all_in_place {count}: {e}"))?;
+            if buf != got {
+                return Err(fail("in-place all_to_all", count));
+            }
         }
         Ok(())
     });
@@ -239,16 +322,25 @@ fn check_area_collectives(comms: &[Communicator]) {
 }
 
 #[test]
-fn all_gather_reduce_scatter_broadcast_and_reduce_through_the_area_match_the_reference() {
+fn every_collective_through_the_area_matches_the_reference() {
     for n in [2, 3, 4] {
-        let comms = shm(n, Config::default());
-        // The route is the area's: staged by default, direct when asked (and able).
-        let plan = oxccl::algo::Plan::new(
-            oxccl::algo::Collective::AllGather,
-            1 << 20,
-            oxccl::DataType::F32,
+        // Every way the tuner may take for them: staged, and direct where ranks can reach
+        // each other's memory.
+        let comms = shm(
+            n,
+            Config::default().area_way(Some(oxccl::tune::Way::Staged)),
         );
+        let plan = Plan::new(Collective::AllGather, 1 << 20, DataType::F32);
         assert_eq!(comms[0].explain(&plan).route.name(), "shm staged");
+        for c in [
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
+            Collective::Broadcast,
+        ] {
+            let plan = Plan::new(c, 1 << 10, DataType::F32);
+            assert_eq!(comms[0].explain(&plan).route.name(), "shm staged", "{c}");
+        }
         check_area_collectives(&comms);
         drop(comms);
         let comms = shm(n, Config::default().direct_copy_min(0));

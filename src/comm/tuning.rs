@@ -307,9 +307,11 @@ impl Communicator {
                     let mut points = Vec::new();
                     for &bytes in &sizes {
                         let whole = match collective {
-                            Collective::AllGather | Collective::ReduceScatter => {
-                                bytes.saturating_mul(n)
-                            }
+                            Collective::AllGather
+                            | Collective::ReduceScatter
+                            | Collective::Gather
+                            | Collective::Scatter
+                            | Collective::AllToAll => bytes.saturating_mul(n),
                             _ => bytes,
                         };
                         if whole > c.max_buffer
@@ -353,8 +355,9 @@ impl Communicator {
         let n = self.size();
         let bytes = plan.count * 4;
         let (whole_in, whole_out) = match plan.collective {
-            Collective::AllGather => (bytes, bytes * n),
-            Collective::ReduceScatter => (bytes * n, bytes),
+            Collective::AllGather | Collective::Gather => (bytes, bytes * n),
+            Collective::ReduceScatter | Collective::Scatter => (bytes * n, bytes),
+            Collective::AllToAll => (bytes * n, bytes * n),
             _ => (bytes, bytes),
         };
         let decision = Decision {

@@ -51,12 +51,15 @@ const MAX_POINTS: usize = 64;
 const MAX_SECONDS: f64 = 1e4;
 
 /// The collectives that have ways through the group area, in [`Costs`]' index order.
-pub const AREA_COLLECTIVES: [Collective; 5] = [
+pub const AREA_COLLECTIVES: [Collective; 8] = [
     Collective::AllReduce,
     Collective::AllGather,
     Collective::ReduceScatter,
     Collective::Broadcast,
     Collective::Reduce,
+    Collective::Gather,
+    Collective::Scatter,
+    Collective::AllToAll,
 ];
 /// Every way, in [`Costs`]' index order.
 const WAYS: [Way; 4] = Way::ALL;
@@ -682,7 +685,7 @@ mod tests {
         for (text, why) in [
             ("", "line 1"),
             ("oxccl-costs 2\n", "line 1"),
-            ("oxccl-costs 1\ngather two-shot in-place 8=1\n", "line 2"),
+            ("oxccl-costs 1\nbarrier staged in-place 8=1\n", "line 2"),
             ("oxccl-costs 1\nall_reduce fast in-place 8=1\n", "not a way"),
             (
                 "oxccl-costs 1\nall_reduce direct sideways 8=1\n",

@@ -618,14 +618,7 @@ fn fixed_all_reduce(
 
 /// Whether `c` has ways through the shared group area.
 fn on_area(c: Collective) -> bool {
-    matches!(
-        c,
-        Collective::AllReduce
-            | Collective::AllGather
-            | Collective::ReduceScatter
-            | Collective::Broadcast
-            | Collective::Reduce
-    )
+    cost::AREA_COLLECTIVES.contains(&c)
 }
 
 /// The hierarchical algorithm where ranks span several hosts and share some: all-reduce,
@@ -903,26 +896,33 @@ mod tests {
                 Way::Staged
             );
         }
-        // Gather, scatter, all-to-all and barrier run schedules.
+        // Gather, scatter and all-to-all go through the area too (staged where nothing is
+        // measured for them); the barrier runs a schedule.
         for coll in [
             Collective::Gather,
             Collective::Scatter,
             Collective::AllToAll,
         ] {
             let plan = Plan::new(coll, 1000, DataType::F32);
-            assert!(matches!(
+            assert_eq!(
                 decide(&plan, &m, &c, &costs).route,
-                Route::Schedule(_)
-            ));
-            // Priced only where the links' models are known (not in these costs).
+                Route::Area(Way::Staged),
+                "{coll}"
+            );
+            // Schedules priced only where the links' models are known (not in these costs).
             let priced = price(&plan, &m, &c, &costs);
-            assert!(!priced.is_empty());
+            assert!(priced.iter().any(|p| p.0 == Route::Area(Way::Staged)));
             assert!(
                 priced
                     .iter()
-                    .all(|p| matches!(p, (Route::Schedule(_), None)))
+                    .all(|p| matches!(p, (Route::Schedule(_), None) | (Route::Area(_), _)))
             );
         }
+        let barrier = Plan::new(Collective::Barrier, 0, DataType::U8);
+        assert!(matches!(
+            decide(&barrier, &m, &c, &costs).route,
+            Route::Schedule(_)
+        ));
         // The slice size is the communicator's, whatever was configured.
         let plan = Plan::new(Collective::Broadcast, 10, DataType::F32);
         let m = Means {

@@ -2,8 +2,8 @@
 //! `process_vm_writev`. Reductions (all-reduce, reduce, reduce-scatter): each rank reduces its
 //! slice, reading it from every peer's input, and writes the result where it belongs — every
 //! output (all-reduce), the root's (reduce), its own (reduce-scatter, where its slice is its
-//! block). Copies (all-gather, broadcast): each rank reads what it lacks straight into its
-//! output, one copy per byte. And how a rank that gives up makes sure no peer touches its
+//! block). Copies (all-gather, broadcast, gather, scatter, all-to-all out of place): each rank
+//! reads what it lacks straight into its output, one copy per byte. And how a rank that gives up makes sure no peer touches its
 //! buffers any more.
 
 use std::time::Instant;
@@ -20,6 +20,11 @@ use crate::types::{Rank, ReduceOp};
 const STREAM_MIN: usize = 256 * 1024;
 /// Bytes a direct copy reads from a peer between two looks at whether anyone gave up.
 const COPY_PART: usize = 1 << 20;
+
+/// A rank's own block of a direct copy: (offset in its source, offset in its output).
+type Share = (usize, usize);
+/// A block a direct copy reads: (peer, offset in the peer's source, offset in our output).
+type Read = (Rank, usize, usize);
 
 impl AreaPath {
     /// The direct way for `plan`: see the module's documentation. Returns `Ok(false)` when
@@ -69,6 +74,9 @@ impl AreaPath {
     ) -> Result<bool> {
         let me = self.rank;
         let n = self.area.len();
+        // In place, an all-to-all rank would overwrite blocks of its buffer that a peer may
+        // still be reading: it never asks for direct (so everyone goes staged).
+        let want = want && !(plan.collective == Collective::AllToAll && b.in_place);
         // Publish our buffers' addresses and whether we would go direct.
         let mut addrs = [0u8; 24];
         addrs[..8].copy_from_slice(&(b.src as u64).to_le_bytes());
@@ -99,11 +107,10 @@ impl AreaPath {
         // From here this rank may touch peers' memory: say so before looking whether anyone
         // gave up (the order that makes `stop_touching` sound).
         self.area.enter(turn);
-        match plan.collective {
-            Collective::AllGather | Collective::Broadcast => {
-                self.direct_copy(w, turn, plan, b, &peer_addrs)?
-            }
-            _ => self.direct_fold(w, turn, plan, b, &peer_addrs)?,
+        if plan.collective.reduces() {
+            self.direct_fold(w, turn, plan, b, &peer_addrs)?;
+        } else {
+            self.direct_copy(w, turn, plan, b, &peer_addrs)?;
         }
 
         // Done touching peers; they reach our buffers until they finish too: the caller gets
@@ -239,8 +246,10 @@ impl AreaPath {
         Ok(())
     }
 
-    /// A direct copy: all-gather reads every peer's block into ours, broadcast the root's
-    /// data; ours is copied locally when not in place.
+    /// A direct copy: each rank reads what it lacks straight from the peers' buffers into its
+    /// output — all-gather every peer's block, broadcast the root's data, gather (the root)
+    /// every peer's block, scatter its block of the root's input, all-to-all its block of every
+    /// peer's input — and copies its own share locally when not in place.
     fn direct_copy(
         &self,
         w: &mut Waiter<'_>,
@@ -249,35 +258,58 @@ impl AreaPath {
         b: &Blocks,
         peer_addrs: &[(usize, usize)],
     ) -> Result<()> {
-        let (n, me) = (self.area.len(), self.rank);
+        let (n, me, root) = (self.area.len(), self.rank, plan.root);
         let block = b.block;
-        let (local_at, from): (usize, Vec<(Rank, usize)>) = match plan.collective {
+        let peers = || (1..n).map(move |k| (me + k) % n);
+        // Our own share (source offset, output offset), and what to read: (peer, offset in
+        // its source, offset in our output), a block each.
+        let (own, from): (Option<Share>, Vec<Read>) = match plan.collective {
             Collective::AllGather => (
-                me * block,
-                (1..n)
-                    .map(|k| (me + k) % n)
-                    .map(|q| (q, q * block))
-                    .collect(),
+                Some((0, me * block)),
+                peers().map(|q| (q, 0, q * block)).collect(),
             ),
-            _ if me == plan.root => (0, Vec::new()),
-            _ => (0, vec![(plan.root, 0)]),
+            Collective::Broadcast if me == root => (Some((0, 0)), Vec::new()),
+            Collective::Broadcast => (None, vec![(root, 0, 0)]),
+            Collective::Gather if me == root => (
+                Some((0, me * block)),
+                peers().map(|q| (q, 0, q * block)).collect(),
+            ),
+            Collective::Gather => (None, Vec::new()),
+            Collective::Scatter if me == root => (Some((me * block, 0)), Vec::new()),
+            Collective::Scatter => (None, vec![(root, me * block, 0)]),
+            Collective::AllToAll => (
+                Some((me * block, me * block)),
+                peers().map(|q| (q, me * block, q * block)).collect(),
+            ),
+            c => {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {me}: {}: {c} is not a copy",
+                    w.name
+                )));
+            }
         };
-        let has_own = plan.collective == Collective::AllGather || me == plan.root;
-        if has_own && !b.in_place && block > 0 {
-            // SAFETY: our source holds our block and our output the whole result
-            // (`Blocks::of`); out of place they do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(b.src, b.dst.add(local_at), block) };
+        if let Some((src_at, dst_at)) = own
+            && !b.in_place
+            && block > 0
+        {
+            // SAFETY: our source and output hold these blocks (`Blocks::of`); out of place
+            // they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(b.src.add(src_at), b.dst.add(dst_at), block) };
         }
-        for (q, to) in from {
+        for (q, src_at, dst_at) in from {
             let mut at = 0;
             while at < block {
                 w.check_running(turn)?;
                 let len = COPY_PART.min(block - at);
-                // SAFETY: our output holds `to + block` bytes, which nobody else touches
+                // SAFETY: our output holds `dst_at + block` bytes, which nobody else touches
                 // meanwhile; the peer keeps its source valid as in `fold_parts`.
                 unsafe {
-                    self.area
-                        .read_from(q, peer_addrs[q].0 + at, b.dst.add(to + at), len)
+                    self.area.read_from(
+                        q,
+                        peer_addrs[q].0 + src_at + at,
+                        b.dst.add(dst_at + at),
+                        len,
+                    )
                 }
                 .map_err(|e| self.reach_err(w, q, e))?;
                 at += len;

@@ -15,10 +15,10 @@
 //!   copies, and copies every other slice's result from its owner's buffer. All copies are
 //!   user-space streams, which is what wins once the buffers no longer fit in cache.
 //!
-//! All-gather, reduce-scatter, broadcast and reduce have two ways: staged (through the area in
-//! pieces, user-space copies; see [`staged`]) and direct (each rank reads what it needs from
-//! peers' buffers with `process_vm_readv`, reductions writing results where they belong; see
-//! [`direct`]).
+//! The other collectives (all-gather, reduce-scatter, broadcast, reduce, gather, scatter,
+//! all-to-all) have two ways: staged (through the area in pieces, user-space copies; see
+//! [`staged`]) and direct (each rank reads what it needs from peers' buffers with
+//! `process_vm_readv`, reductions writing results where they belong; see [`direct`]).
 //!
 //! Each element's result is folded once, by its slice's owner, and copied to everyone (one-shot:
 //! every rank folds all contributions in rank order), so all ranks get the same bits. While waiting for
@@ -118,9 +118,12 @@ impl AreaPath {
     /// and how many pieces (at least one: every call takes a turn, so every call is checked
     /// against the peers').
     fn piece(&self, plan: &Plan) -> usize {
-        // A staged reduce-scatter publishes a piece of every peer's block in one buffer.
+        // A staged reduce-scatter, scatter or all-to-all publishes a piece of every peer's
+        // block in one buffer.
         let stage = match plan.collective {
-            Collective::ReduceScatter => STAGE_BYTES / self.area.len().max(1),
+            Collective::ReduceScatter | Collective::Scatter | Collective::AllToAll => {
+                STAGE_BYTES / self.area.len().max(1)
+            }
             _ => STAGE_BYTES,
         };
         (stage.min(AREA_BYTES) / plan.dtype.size()).max(1)
@@ -145,7 +148,7 @@ impl AreaPath {
         Descriptor::collective(seq, plan, Algorithm::Direct, unit)
     }
 
-    /// Runs `plan` (all-reduce, reduce-scatter, all-gather, broadcast or reduce) on `input`
+    /// Runs `plan` (any collective but the barrier) on `input`
     /// and `output` (as [`Collective`]'s table says; in place both are the whole buffer) as
     /// collective `seq`, using the area's turns from `*turns` on and advancing it past those
     /// used (collectives on the engine do not touch the area, so its turns are counted apart).
@@ -297,11 +300,13 @@ fn slicer(count: usize, n: usize, size: usize) -> impl Fn(usize) -> (usize, usiz
 /// [`Collective`]'s table lays them out. Pointers are only dereferenced for non-empty ranges.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Blocks {
-    /// What this rank contributes: the whole input (all-reduce, reduce, reduce-scatter), its
-    /// block (all-gather), the data (broadcast, at the root; null elsewhere).
+    /// What this rank contributes: the whole input (all-reduce, reduce, reduce-scatter,
+    /// all-to-all; scatter at the root), its block (all-gather, gather), the data (broadcast,
+    /// at the root); null where it contributes nothing.
     src: *const u8,
-    /// Where its result lands: the whole output (all-reduce, all-gather, broadcast, reduce at
-    /// the root; null at the others), its block (reduce-scatter).
+    /// Where its result lands: the whole output (all-reduce, all-gather, all-to-all,
+    /// broadcast; reduce and gather at the root), its block (reduce-scatter, scatter); null
+    /// where it gets nothing.
     dst: *mut u8,
     /// `src` and `dst` share memory: the same bytes, or one a block of the other.
     in_place: bool,
@@ -344,13 +349,33 @@ impl Blocks {
                 (input.0, whole, output.0.wrapping_add(me * block), 0)
             }
             Collective::ReduceScatter => (input.0, whole, output.0, block),
+            // The root's block is already in place; the others contribute theirs.
+            Collective::Gather if root && plan.in_place => (
+                output.0.wrapping_add(me * block).cast_const(),
+                0,
+                output.0,
+                whole,
+            ),
+            Collective::Gather if root => (input.0, block, output.0, whole),
+            Collective::Gather => (input.0, block, none, 0),
+            // The root's block of its input is its output.
+            Collective::Scatter if root && plan.in_place => {
+                (input.0, whole, output.0.wrapping_add(me * block), 0)
+            }
+            Collective::Scatter if root => (input.0, whole, output.0, block),
+            Collective::Scatter => (std::ptr::null(), 0, output.0, block),
+            // In place both are the whole buffer.
+            Collective::AllToAll => (input.0, whole, output.0, whole),
             _ => return None,
         };
         if input.1 < src_len || output.1 < dst_len {
             return None;
         }
         let in_place = match plan.collective {
-            Collective::AllGather | Collective::ReduceScatter => plan.in_place,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+                plan.in_place
+            }
+            Collective::Gather | Collective::Scatter => root && plan.in_place,
             _ => !dst.is_null() && std::ptr::eq(src, dst.cast_const()),
         };
         Some(Blocks {

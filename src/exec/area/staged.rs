@@ -6,7 +6,11 @@
 //! - broadcast: the root publishes its piece; the others copy it;
 //! - reduce: each rank publishes its piece; the root folds them all, in rank order;
 //! - reduce-scatter: each rank copies into its buffer the piece of every peer's block; each
-//!   folds its own block's piece from everybody's copies.
+//!   folds its own block's piece from everybody's copies;
+//! - gather: each rank publishes its piece; the root copies everybody's;
+//! - scatter: the root publishes the piece of every peer's block; each copies its own;
+//! - all-to-all: each rank publishes the piece of every block it sends a peer; each copies
+//!   the piece of its own block from everybody's.
 
 use super::two_shot::{FOLD_BYTES, STAGED_STREAM_MIN};
 use super::{AreaPath, Blocks, Waiter};
@@ -30,7 +34,11 @@ impl AreaPath {
             let at = (k * piece).min(plan.count);
             let (at, len) = (at * size, piece.min(plan.count - at) * size);
             match plan.collective {
-                Collective::AllGather => self.gather_piece(w, next(), b, at, len)?,
+                Collective::AllGather | Collective::Gather => {
+                    self.gather_piece(w, next(), b, at, len)?
+                }
+                Collective::Scatter => self.scatter_out_piece(w, next(), plan, b, at, len)?,
+                Collective::AllToAll => self.all_to_all_piece(w, next(), b, at, len)?,
                 Collective::Broadcast => self.broadcast_piece(w, next(), plan, b, at, len)?,
                 Collective::Reduce => self.reduce_piece(w, next(), plan, b, at, len)?,
                 Collective::ReduceScatter => self.scatter_piece(w, next(), plan, b, at, len)?,
@@ -45,7 +53,8 @@ impl AreaPath {
         Ok(())
     }
 
-    /// One piece of an all-gather: `len` bytes at `at` of every rank's block.
+    /// One piece of an all-gather, or of a gather (only the root, which has an output,
+    /// copies): `len` bytes at `at` of every rank's block.
     fn gather_piece(
         &self,
         w: &mut Waiter<'_>,
@@ -61,7 +70,7 @@ impl AreaPath {
             ([].as_ptr(), 0)
         };
         self.exchange(w, turn, ours, len, |r, data| {
-            if len == 0 || (r == self.rank && b.in_place) {
+            if len == 0 || b.dst.is_null() || (r == self.rank && b.in_place) {
                 return Ok(());
             }
             // SAFETY: our output holds every block; `data` is area memory holding `len`
@@ -76,6 +85,87 @@ impl AreaPath {
             };
             Ok(())
         })
+    }
+
+    /// One piece of a scatter: the root publishes `len` bytes at `at` of every peer's block
+    /// (and copies its own out of place); every other rank copies its own.
+    fn scatter_out_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        plan: &Plan,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (me, root) = (self.rank, plan.root);
+        if me == root && len > 0 {
+            self.stage_blocks(turn, b, at, len);
+            if !b.in_place {
+                // SAFETY: our input's block and our output hold `at + len` bytes and do not
+                // overlap out of place.
+                unsafe { copy_out(b.src.add(me * b.block + at), b.dst.add(at), len, b.block) };
+            }
+        }
+        // The root's publication says its copies are there.
+        let mut theirs = std::ptr::null();
+        self.exchange(w, turn, ([].as_ptr(), 0), len, |r, data| {
+            if r == root {
+                theirs = data;
+            }
+            Ok(())
+        })?;
+        if me != root && len > 0 {
+            // SAFETY: our output holds `at + len` bytes; the root's area buffer holds our
+            // block's piece, left alone until this rank publishes `turn + 1`.
+            unsafe { copy_out(theirs.add(me * len), b.dst.add(at), len, b.block) };
+        }
+        Ok(())
+    }
+
+    /// One piece of an all-to-all: every rank publishes `len` bytes at `at` of each block it
+    /// sends a peer, then copies the piece of its own block from everybody's. In place, the
+    /// pieces it overwrites were published (copied into the area) before.
+    fn all_to_all_piece(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let total = b.block * n;
+        if len > 0 {
+            self.stage_blocks(turn, b, at, len);
+            if !b.in_place {
+                // SAFETY: our input's and output's block `me` hold `at + len` bytes and do
+                // not overlap out of place.
+                unsafe {
+                    copy_out(
+                        b.src.add(me * b.block + at),
+                        b.dst.add(me * b.block + at),
+                        len,
+                        total,
+                    )
+                };
+            }
+        }
+        let mut all = Vec::with_capacity(n);
+        self.exchange(w, turn, ([].as_ptr(), 0), len, |_, data| {
+            all.push(data);
+            Ok(())
+        })?;
+        if len == 0 {
+            return Ok(());
+        }
+        for (r, data) in all.into_iter().enumerate().filter(|&(r, _)| r != me) {
+            // SAFETY: our output holds every block; in place this piece of block `r` was
+            // published above and nothing reads it any more. `data` is `r`'s area buffer,
+            // holding our block's piece until this rank publishes `turn + 1`.
+            unsafe { copy_out(data.add(me * len), b.dst.add(r * b.block + at), len, total) };
+        }
+        Ok(())
     }
 
     /// One piece of a broadcast: `len` bytes at `at`.
@@ -168,19 +258,8 @@ impl AreaPath {
         len: usize,
     ) -> Result<()> {
         let (n, me) = (self.area.len(), self.rank);
-        let mine = self.area.my_buffer(turn);
         if len > 0 {
-            for q in (0..n).filter(|&q| q != me) {
-                // SAFETY: our input holds every block; our buffer holds AREA_BYTES ≥ n · len
-                // (pieces are cut so) and is ours to write (see `exchange`).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        b.src.add(q * b.block + at),
-                        mine.add(q * len),
-                        len,
-                    )
-                };
-            }
+            self.stage_blocks(turn, b, at, len);
         }
         // The publication says the copies are there.
         let mut all = Vec::with_capacity(n);
@@ -237,6 +316,23 @@ impl AreaPath {
             f += l;
         }
         Ok(())
+    }
+}
+
+impl AreaPath {
+    /// Copies `len` bytes at `at` of every peer's block of our input into our area buffer for
+    /// `turn`, block `q`'s at `q · len`: what a rank publishes when every peer gets a piece of
+    /// its own.
+    fn stage_blocks(&self, turn: u64, b: &Blocks, at: usize, len: usize) {
+        let (n, me) = (self.area.len(), self.rank);
+        let mine = self.area.my_buffer(turn);
+        for q in (0..n).filter(|&q| q != me) {
+            // SAFETY: our input holds every block (`Blocks::of`); our buffer holds AREA_BYTES ≥
+            // n · len (pieces are cut so) and is ours to write (see `exchange`).
+            unsafe {
+                std::ptr::copy_nonoverlapping(b.src.add(q * b.block + at), mine.add(q * len), len)
+            };
+        }
     }
 }
 

@@ -449,8 +449,16 @@ impl Engine {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
-        match (self.area.clone(), self.first_dead()) {
-            (_, Some((peer, cause))) => {
+        // Taken out for the call (the path drives this engine) and put back after: no
+        // reference count to touch on every call.
+        let Some(area) = self.area.take() else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {name} was routed through a shared area this communicator does not have",
+                self.rank
+            )));
+        };
+        let r = match self.first_dead() {
+            Some((peer, cause)) => {
                 let e = Error::PeerFailed {
                     rank: self.rank,
                     peer,
@@ -460,17 +468,11 @@ impl Engine {
                 self.fail_outside(&e);
                 Err(e)
             }
-            (None, None) => Err(Error::InvalidArgument(format!(
-                "rank {}: {name} was routed through a shared area this communicator does not have",
-                self.rank
-            ))),
-            (Some(area), None) => {
-                let flags = self.flags.clone();
+            None => {
                 let mut turns = self.area_turns;
                 let timeout = self.timeout;
                 let r = area.run(
                     self,
-                    &flags,
                     (seq, &mut turns),
                     (&plan, way),
                     input,
@@ -480,7 +482,9 @@ impl Engine {
                 self.area_turns = turns;
                 r
             }
-        }
+        };
+        self.area = Some(area);
+        r
     }
 
     /// A peer whose link was lost while idle, and why.

@@ -36,7 +36,6 @@ use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, Published};
 
 use super::descriptor::Descriptor;
 use super::driver::Engine;
-use super::flags::Flags;
 use super::op::OpName;
 use crate::algo::{Algorithm, Collective, Plan};
 use crate::error::{Error, Result};
@@ -156,7 +155,6 @@ impl AreaPath {
     pub fn run(
         &self,
         engine: &mut Engine,
-        flags: &Flags,
         (seq, turns): (u64, &mut u64),
         (plan, way): (&Plan, Way),
         input: (*const u8, usize),
@@ -174,7 +172,6 @@ impl AreaPath {
         };
         let mut w = Waiter::new(
             engine,
-            flags,
             &self.area,
             &name,
             &ours,

@@ -9,7 +9,6 @@ use crate::error::{Error, Result};
 use crate::exec::backoff::{Backoff, Phase};
 use crate::exec::descriptor::Descriptor;
 use crate::exec::driver::Engine;
-use crate::exec::flags::Flags;
 use crate::exec::op::OpName;
 use crate::types::Rank;
 
@@ -21,13 +20,15 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_millis(1);
 /// Waiting for shared memory, with the engine's guarantees.
 pub(super) struct Waiter<'a> {
     pub(super) engine: &'a mut Engine,
-    flags: &'a Flags,
     area: &'a Area,
     pub(super) name: &'a OpName,
     pub(super) ours: &'a Descriptor,
-    deadline: Instant,
+    /// When this call first had to wait (the deadline runs from there; a call whose peers are
+    /// all there already never reads the clock).
+    started: Option<Instant>,
     pub(super) timeout: Duration,
-    checked: Instant,
+    /// When the links were last looked at (from the first wait on).
+    checked: Option<Instant>,
     rank: Rank,
     spin: Duration,
 }
@@ -36,26 +37,37 @@ impl<'a> Waiter<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         engine: &'a mut Engine,
-        flags: &'a Flags,
         area: &'a Area,
         name: &'a OpName,
         ours: &'a Descriptor,
         (timeout, spin): (Duration, Duration),
         rank: Rank,
     ) -> Waiter<'a> {
-        let now = Instant::now();
         Waiter {
             engine,
-            flags,
             area,
             name,
             ours,
-            deadline: now + timeout,
+            started: None,
             timeout,
-            checked: now,
+            checked: None,
             rank,
             spin,
         }
+    }
+
+    /// `now`, starting the call's deadline at the first wait.
+    fn waited(&mut self, now: Instant) -> Instant {
+        if self.started.is_none() {
+            self.started = Some(now);
+            self.checked = Some(now);
+        }
+        now
+    }
+
+    /// When the call times out.
+    fn deadline(&self) -> Instant {
+        self.started.unwrap_or_else(Instant::now) + self.timeout
     }
 
     /// Between parts of a direct all-reduce: fails if this rank was aborted or is past its
@@ -67,12 +79,12 @@ impl<'a> Waiter<'a> {
             self.area.leave();
             return Err(self.gave_up(peer, turn));
         }
-        let now = Instant::now();
+        let now = self.waited(Instant::now());
         if let Some(e) = self.flag_error(now, None) {
             return Err(e);
         }
-        if now - self.checked >= CHECK_EVERY {
-            self.checked = now;
+        if now - self.checked.unwrap_or(now) >= CHECK_EVERY {
+            self.checked = Some(now);
             let area = self.area;
             self.engine.check_outside(self.name, self.ours, &mut || {
                 area.unfinished(turn).is_none()
@@ -110,14 +122,14 @@ impl<'a> Waiter<'a> {
     /// The error if abort() was called or the deadline passed (`blocker`: the rank waited
     /// for, if any); the caller fails the communicator with it.
     fn flag_error(&self, now: Instant, blocker: Option<Rank>) -> Option<Error> {
-        if self.flags.is_aborted() {
+        if self.engine.flags.is_aborted() {
             return Some(Error::Aborted {
                 rank: self.rank,
                 op: self.name.to_string(),
                 why: "abort() was called".into(),
             });
         }
-        (now >= self.deadline).then(|| Error::Timeout {
+        (now >= self.deadline()).then(|| Error::Timeout {
             rank: self.rank,
             op: self.name.to_string(),
             peer: blocker.filter(|&r| r != self.rank),
@@ -145,14 +157,14 @@ impl<'a> Waiter<'a> {
                 std::hint::spin_loop();
                 continue;
             }
-            let now = Instant::now();
+            let now = self.waited(Instant::now());
             let phase = backoff.phase(now);
             if let Some(e) = self.flag_error(now, Some(blocker)) {
                 self.engine.fail_outside(&e);
                 return Err(e);
             }
-            if now - self.checked >= CHECK_EVERY {
-                self.checked = now;
+            if now - self.checked.unwrap_or(now) >= CHECK_EVERY {
+                self.checked = Some(now);
                 self.engine
                     .check_outside(self.name, self.ours, &mut || ready().is_ok())?;
             }
@@ -162,7 +174,7 @@ impl<'a> Waiter<'a> {
                 Phase::Yield => std::thread::yield_now(),
                 Phase::Sleep => {
                     self.engine.recorder.waiting(Some(blocker), None);
-                    let nap = CHECK_EVERY.min(self.deadline - now);
+                    let nap = CHECK_EVERY.min(self.deadline().saturating_duration_since(now));
                     self.area.sleep_on(blocker, nap, || ready().is_ok());
                 }
             }

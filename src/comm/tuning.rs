@@ -248,7 +248,8 @@ impl Communicator {
     }
 
     /// The median one-way time of a `bytes` message between this rank and `peer` (half a
-    /// round trip), over `iters` round trips after one to warm up; `first` sends first.
+    /// round trip), over `iters` round trips after a quarter as many (at least one) to warm
+    /// up; `first` sends first.
     fn ping_pong(&self, first: bool, peer: Rank, bytes: usize, iters: usize) -> Result<f64> {
         let mut buf = vec![0u8; bytes];
         let warm = (iters / 4).max(1);

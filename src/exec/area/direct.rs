@@ -3,8 +3,8 @@
 //! slice, reading it from every peer's input, and writes the result where it belongs — every
 //! output (all-reduce), the root's (reduce), its own (reduce-scatter, where its slice is its
 //! block). Copies (all-gather, broadcast, gather, scatter, all-to-all out of place): each rank
-//! reads what it lacks straight into its output, one copy per byte. And how a rank that gives up makes sure no peer touches its
-//! buffers any more.
+//! reads what it lacks straight into its output, one copy per byte. And how a rank that gives
+//! up makes sure no peer touches its buffers any more.
 
 use std::time::Instant;
 

@@ -317,9 +317,7 @@ impl AreaPath {
         }
         Ok(())
     }
-}
 
-impl AreaPath {
     /// Copies `len` bytes at `at` of every peer's block of our input into our area buffer for
     /// `turn`, block `q`'s at `q · len`: what a rank publishes when every peer gets a piece of
     /// its own.

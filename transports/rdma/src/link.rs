@@ -605,7 +605,7 @@ impl RdmaLink {
                 .user
                 .iter()
                 .find(|(_, r)| len > 0 && r.holds(buf.ptr(), len))
-                .map(|(_, r)| r.lkey);
+                .map(|(_, r)| r.reg.lkey);
             let source = match direct {
                 Some(lkey) => (buf.ptr() as u64, lkey),
                 None => {
@@ -619,7 +619,7 @@ impl RdmaLink {
                             len,
                         )
                     };
-                    (self.staging.ptr() as u64 + off, self.staging.lkey)
+                    (self.staging.ptr() as u64 + off, self.staging.reg.lkey)
                 }
             };
             self.post_write(WR_DATA, source, off, len, len as u32)?;

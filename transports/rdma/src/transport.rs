@@ -203,7 +203,7 @@ impl Pair {
             psn,
             mtu: dev.mtu,
             ring_addr: ring.ptr() as u64,
-            ring_rkey: ring.rkey,
+            ring_rkey: ring.reg.rkey,
             ring_len: geometry.cap,
             slot: geometry.slot as u32,
         };

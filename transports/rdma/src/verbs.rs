@@ -187,18 +187,87 @@ impl Drop for Device {
     }
 }
 
-/// Page-aligned anonymous memory, registered with the device.
-pub(crate) struct Region {
+/// A registration of memory with the device: dropping it deregisters (never unmaps).
+pub(crate) struct Mr {
     dev: Arc<Device>,
     mr: *mut IbvMr,
-    ptr: *mut u8,
-    len: usize,
     pub lkey: u32,
     pub rkey: u32,
 }
 
-// SAFETY: the memory is owned by the Region; verbs handles are thread-safe.
-unsafe impl Send for Region {}
+// SAFETY: verbs handles are thread-safe; the memory is its owner's (see `new`).
+unsafe impl Send for Mr {}
+
+impl Mr {
+    /// Registers `len` bytes at `ptr` with `access` (`what` names them in the error).
+    ///
+    /// # Safety
+    ///
+    /// The memory is mapped for `len` bytes until the registration is dropped.
+    unsafe fn new(
+        dev: &Arc<Device>,
+        ptr: *mut u8,
+        len: usize,
+        access: c_int,
+        what: &str,
+    ) -> Result<Mr, String> {
+        // SAFETY: the caller vouches for the memory.
+        let mr = unsafe { (dev.v.reg_mr)(dev.pd, ptr.cast::<c_void>(), len, access) };
+        if mr.is_null() {
+            return Err(os_error(
+                &format!(
+                    "rdma: register {what} ({len} bytes at {ptr:p}) with {dev:?} (is `ulimit -l` \
+                     large enough?)"
+                ),
+                None,
+            ));
+        }
+        // SAFETY: a live ibv_mr holds its keys at these offsets (checked by tests/layout.rs).
+        let (lkey, rkey) = unsafe {
+            (
+                ptr::read((mr as *const u8).add(sys::offset::MR_LKEY) as *const u32),
+                ptr::read((mr as *const u8).add(sys::offset::MR_RKEY) as *const u32),
+            )
+        };
+        Ok(Mr {
+            dev: dev.clone(),
+            mr,
+            lkey,
+            rkey,
+        })
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: the registration is ours; its owner made sure no work request still uses it
+        // (the QPs are destroyed first, or its writes completed).
+        unsafe { (self.dev.v.dereg_mr)(self.mr) };
+    }
+}
+
+/// An anonymous private mapping, unmapped when dropped.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by the mapping.
+unsafe impl Send for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours and nothing refers to it any more.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Page-aligned anonymous memory, registered with the device.
+pub(crate) struct Region {
+    // Dropped in this order: the registration before the mapping.
+    pub reg: Mr,
+    map: Mapping,
+}
 
 impl Region {
     /// Maps `len` bytes and registers them for local writes and, if `remote_write`, for the
@@ -215,56 +284,28 @@ impl Region {
             )
         }
         .map_err(|e| format!("rdma: map {len} bytes: {e}"))? as *mut u8;
+        let map = Mapping { ptr, len };
         let mut access = sys::IBV_ACCESS_LOCAL_WRITE;
         if remote_write {
             access |= sys::IBV_ACCESS_REMOTE_WRITE;
         }
-        // SAFETY: the mapping is ours and outlives the registration (dropped after it).
-        let mr = unsafe { (dev.v.reg_mr)(dev.pd, ptr.cast::<c_void>(), len, access) };
-        if mr.is_null() {
-            let e = os_error(
-                &format!("rdma: register {len} bytes with {dev:?} (is `ulimit -l` large enough?)"),
-                None,
-            );
-            // SAFETY: the mapping made above, unused.
-            let _ = unsafe { rustix::mm::munmap(ptr.cast(), len) };
-            return Err(e);
-        }
-        // SAFETY: a live ibv_mr holds its keys at these offsets (checked by tests/layout.rs).
-        let (lkey, rkey) = unsafe {
-            (
-                ptr::read((mr as *const u8).add(sys::offset::MR_LKEY) as *const u32),
-                ptr::read((mr as *const u8).add(sys::offset::MR_RKEY) as *const u32),
-            )
-        };
-        Ok(Region {
-            dev: dev.clone(),
-            mr,
-            ptr,
-            len,
-            lkey,
-            rkey,
-        })
+        // SAFETY: the mapping outlives the registration (dropped after it).
+        let reg = unsafe { Mr::new(dev, ptr, len, access, "a link buffer") }?;
+        Ok(Region { reg, map })
     }
 
     pub fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.map.ptr
     }
 }
 
-/// A registration of memory the caller owns (for sends straight from it): dropping it
-/// deregisters, and never unmaps.
+/// A registration of memory the caller owns (for sends straight from it).
 pub(crate) struct UserRegion {
-    dev: Arc<Device>,
-    mr: *mut IbvMr,
+    pub reg: Mr,
     /// The registered bytes.
-    pub start: usize,
-    pub len: usize,
-    pub lkey: u32,
+    start: usize,
+    len: usize,
 }
-
-// SAFETY: verbs handles are thread-safe; the memory is the caller's (see `new`).
-unsafe impl Send for UserRegion {}
 
 impl UserRegion {
     /// Registers `len` bytes at `ptr` for the device to read (local access only: nothing
@@ -276,21 +317,11 @@ impl UserRegion {
     pub unsafe fn new(dev: &Arc<Device>, ptr: *const u8, len: usize) -> Result<UserRegion, String> {
         // SAFETY: the caller vouches for the memory; no access flag: the device only reads it
         // for this process's own work requests.
-        let mr = unsafe { (dev.v.reg_mr)(dev.pd, ptr.cast_mut().cast::<c_void>(), len, 0) };
-        if mr.is_null() {
-            return Err(os_error(
-                &format!("rdma: register {len} bytes at {ptr:p} with {dev:?}"),
-                None,
-            ));
-        }
-        // SAFETY: a live ibv_mr holds its key at this offset (checked by tests/layout.rs).
-        let lkey = unsafe { ptr::read((mr as *const u8).add(sys::offset::MR_LKEY) as *const u32) };
+        let reg = unsafe { Mr::new(dev, ptr.cast_mut(), len, 0, "a caller's buffer") }?;
         Ok(UserRegion {
-            dev: dev.clone(),
-            mr,
+            reg,
             start: ptr as usize,
             len,
-            lkey,
         })
     }
 
@@ -300,24 +331,6 @@ impl UserRegion {
         p >= self.start
             && p.checked_add(len)
                 .is_some_and(|e| e <= self.start + self.len)
-    }
-}
-
-impl Drop for UserRegion {
-    fn drop(&mut self) {
-        // SAFETY: the registration is ours; its work requests completed (see RdmaLink).
-        unsafe { (self.dev.v.dereg_mr)(self.mr) };
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: the registration and mapping are ours; the QPs that used them are destroyed
-        // first (links declare their queue before their regions).
-        unsafe {
-            (self.dev.v.dereg_mr)(self.mr);
-            let _ = rustix::mm::munmap(self.ptr.cast(), self.len);
-        }
     }
 }
 

@@ -200,15 +200,19 @@ fn check_area_collectives(comms: &[Communicator]) {
             if out != from(root) {
                 return Err(fail("broadcast", count));
             }
-            let mut buf = if r == 0 {
-                mine.clone()
-            } else {
-                vec![f32::NAN; count]
-            };
-            c.broadcast_in_place(&mut buf, 0)
-                .map_err(|e| format!("broadcast_in_place {count}: {e}"))?;
-            if buf != from(0) {
-                return Err(fail("in-place broadcast", count));
+            // In place the direct way's root writes its slice of every peer's output (the
+            // first slice from rank 0, the last from rank n - 1) while they read the rest.
+            for root in [0, n - 1] {
+                let mut buf = if r == root {
+                    mine.clone()
+                } else {
+                    vec![f32::NAN; count]
+                };
+                c.broadcast_in_place(&mut buf, root)
+                    .map_err(|e| format!("broadcast_in_place {count} from {root}: {e}"))?;
+                if buf != from(root) {
+                    return Err(fail(&format!("in-place broadcast from {root}"), count));
+                }
             }
             // reduce to rank 1: sum out of place, i32 product in place (the input elsewhere
             // stays as it was)

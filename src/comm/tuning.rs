@@ -43,12 +43,18 @@ pub struct Calibration {
     pub budget: usize,
 }
 
+/// Batches a calibration times each measurement in (see `Communicator::time`).
+const BATCHES: usize = 5;
+
 impl Default for Calibration {
-    /// 8 B to 64 MiB by factors of 4 (and 1 KiB), at most 64 MiB per buffer: about two
-    /// seconds on 2 ranks.
+    /// 8 B, 1 KiB, 4 KiB to 1 MiB by factors of 4 and on to 64 MiB by factors of 2 (where
+    /// the data leaves the caches and a way's time per byte jumps: between 4 and 16 MiB the
+    /// line through the two missed that the direct all-gather of 8 MiB per rank, 1.7 ms, beat
+    /// the staged one, 2.1 ms), at most 64 MiB per buffer: about three seconds on 2 ranks.
     fn default() -> Self {
         let mut sizes = vec![8, 1 << 10];
-        sizes.extend((6..=13).map(|k| 1usize << (2 * k)));
+        sizes.extend((6..=10).map(|k| 1usize << (2 * k)));
+        sizes.extend((21..=26).map(|k| 1usize << k));
         Calibration {
             sizes,
             max_buffer: 64 << 20,
@@ -294,6 +300,12 @@ impl Communicator {
         // f32 ones: every reduction stays finite.
         let one = u64::from(1.0f32.to_bits()) * 0x1_0000_0001;
         let (mut a, mut b) = (vec![one; words], vec![one; words]);
+        // Ranks come out of what they did before at different times, and ranks that share
+        // cores stay out of step for a while: on 4 ranks over 2 cores the first measurement (the
+        // 8-byte one-shot all-reduce) took 596 µs a call in two calibrations of three, against
+        // 7-15 µs measured later. A first round of calls, thrown away, brings them into step.
+        let settle = Plan::new(Collective::AllReduce, 2, DataType::F32);
+        self.time(&settle, Route::Area(Way::OneShot), 100, (&mut a, &mut b))?;
         let mut curves = Vec::new();
         for collective in AREA_COLLECTIVES {
             let ways: Vec<Way> = Way::ALL
@@ -345,10 +357,15 @@ impl Communicator {
         Ok(Costs::from_points(&source, n, curves))
     }
 
-    /// The median time of `iters` calls of `plan` forced onto `route`, after a quarter as many
-    /// (at least one) to warm up, in seconds. Ranks that share cores fall out of step between
-    /// two measurements (one waits asleep while another finishes): measured at once, a 4-rank
-    /// 8-byte all-reduce on 2 cores took 200-700 µs against the 6.6 µs it takes in a run.
+    /// The time per call of `plan` forced onto `route`, in seconds: `iters` calls, after a
+    /// quarter as many (at least one) to warm up, timed in up to [`BATCHES`] batches of calls
+    /// back to back; the median batch's time over its calls. Ranks that share cores fall out of
+    /// step between two measurements (one waits asleep while another finishes): measured at
+    /// once, a 4-rank 8-byte all-reduce on 2 cores took 200-700 µs against the 6.6 µs it takes
+    /// in a run. And calls timed one by one each pay for the slowest rank's wake-up, where calls
+    /// back to back — as applications and benchmarks make them — overlap it: timed one by one,
+    /// that all-reduce took 13.5-15 µs through the area (6.6 µs in a run), and the tuner sent it
+    /// over the links (12.6 µs in a run).
     fn time(
         &self,
         plan: &Plan,
@@ -369,7 +386,9 @@ impl Communicator {
             why: "calibration",
         };
         let warm = (iters / 4).max(1);
-        let mut times = Vec::with_capacity(iters);
+        let batch = iters.div_ceil(BATCHES).max(1);
+        let mut times = Vec::with_capacity(BATCHES);
+        let mut start = Instant::now();
         for i in 0..iters + warm {
             // Placement as the API lays it out: in place, both are the whole buffer.
             let (input, output) = if plan.in_place {
@@ -382,11 +401,16 @@ impl Communicator {
                     (b.as_mut_ptr().cast::<u8>(), whole_out),
                 )
             };
-            let start = Instant::now();
+            if i == warm {
+                start = Instant::now();
+            }
             let st = self.inner.lock();
             self.run_decided(st, *plan, decision.clone(), input, output)?;
-            if i >= warm {
-                times.push(start.elapsed().as_secs_f64());
+            let done = i + 1 - warm.min(i + 1);
+            if i >= warm && (done.is_multiple_of(batch) || i + 1 == iters + warm) {
+                let calls = (done - 1) % batch + 1;
+                times.push(start.elapsed().as_secs_f64() / calls as f64);
+                start = Instant::now();
             }
         }
         times.sort_by(f64::total_cmp);

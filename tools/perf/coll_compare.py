@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Summarises a tools/perf/coll-vs-peers.sh run: per collective and size, the median over rounds
 of each peer's time (coll.sh CSV: label,coll,bytes,count,iters,repeats,median_us,...) and of
-oxccl's (allreduce-perf --csv, both placements), and oxccl's speed over the best peer's (out of
-place against the peers, which run out of place)."""
+oxccl's (allreduce-perf --csv, both placements), and oxccl's speed over the best peer's in the
+peers' placement: out of place, except broadcast, whose MPI_Bcast root sends from its one buffer
+and copies nothing (nccl-tests' in-place broadcast)."""
 import csv, glob, os, statistics, sys
 
 NAMES = {"allgather": "all_gather", "reducescatter": "reduce_scatter", "broadcast": "broadcast",
          "reduce": "reduce", "alltoall": "all_to_all", "allreduce": "all_reduce"}
+# Collectives whose peer benchmark runs in place (peer-bench's MPI_Bcast: the root's one buffer).
+IN_PLACE_PEERS = {"broadcast"}
 
 def human(us):
     return f"{us:.2f} µs" if us < 1000 else f"{us / 1e3:.2f} ms"
@@ -28,7 +31,9 @@ def main(out, sizes):
     for coll in sorted({c for c, _, _ in times}, key=lambda c: list(NAMES).index(c) if c in NAMES else 99):
         peers = sorted({l for c, l, _ in times if c == coll and not l.startswith("oxccl") and l != "route"})
         print(f"\n{coll}, float32, time per call (median over rounds):\n")
-        print("| size | " + " | ".join(peers) + " | oxccl | oxccl in place | route | oxccl / best peer |")
+        placement = "in place" if coll in IN_PLACE_PEERS else "out of place"
+        print("| size | " + " | ".join(peers) + " | oxccl | oxccl in place | route | "
+              f"oxccl / best peer ({placement}) |")
         print("|---|" + "---|" * (len(peers) + 4))
         for s in sizes:
             cells, best = [], None
@@ -44,7 +49,9 @@ def main(out, sizes):
             ip = times.get((coll, "oxccl in place", s))
             route = times.get((coll, "route", s), ["—"])[0]
             o = statistics.median(ours) if ours else None
-            ratio = f"{best / o:.2f}×" if o and best else "—"
+            compared = ip if coll in IN_PLACE_PEERS else ours
+            c = statistics.median(compared) if compared else None
+            ratio = f"{best / c:.2f}×" if c and best else "—"
             print(f"| {s} | " + " | ".join(cells) + f" | {human(o) if o else '—'} | "
                   f"{human(statistics.median(ip)) if ip else '—'} | {route} | {ratio} |")
 

@@ -479,3 +479,56 @@ fn ranks_on_hosts_price_remote_links_apart_and_share_a_hosts_bus() {
         Err(SimError::Shape(_))
     ));
 }
+
+#[test]
+fn a_ranks_messages_take_turns_on_its_processor_for_the_overhead() {
+    use oxccl::algo::sim::LinkModel;
+    // Rank 0 sends a byte to ranks 1, 2 and 3 (fan-out), then the same the other way (fan-in).
+    let send = |to| {
+        (
+            Op::Send {
+                to,
+                src: input(0, 1),
+            },
+            vec![],
+        )
+    };
+    let recv = |from, at| {
+        (
+            Op::Recv {
+                from,
+                dst: out(at, 1),
+            },
+            vec![],
+        )
+    };
+    let fan_out = [
+        Schedule::from_steps([send(1), send(2), send(3)], 0),
+        Schedule::from_steps([recv(0, 0)], 0),
+        Schedule::from_steps([recv(0, 0)], 0),
+        Schedule::from_steps([recv(0, 0)], 0),
+    ];
+    let fan_in = [
+        Schedule::from_steps([recv(1, 0), recv(2, 1), recv(3, 2)], 0),
+        Schedule::from_steps([send(0)], 0),
+        Schedule::from_steps([send(0)], 0),
+        Schedule::from_steps([send(0)], 0),
+    ];
+    let config = |overhead| SimConfig {
+        link_buffer: 1,
+        check_races: true,
+        model: LinkModel {
+            overhead,
+            ..LinkModel::new(1e-6, 1e15)
+        },
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    for schedules in [&fan_out, &fan_in] {
+        // Without overhead the three messages travel at once: α.
+        let t = run(schedules, config(0.0)).unwrap().time;
+        assert!(close(t, 1e-6), "{t}");
+        // With it, the third is handed over (or taken in) after the other two: 3·o + α + o.
+        let t = run(schedules, config(0.5e-6)).unwrap().time;
+        assert!(close(t, 3e-6), "{t}");
+    }
+}

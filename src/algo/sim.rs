@@ -36,7 +36,9 @@ pub trait Arithmetic {
 /// The α-β cost model: a message of b bytes takes `alpha + b·beta` seconds to arrive. A rank
 /// sends one message at a time (its port is busy `b·beta` per message) and receives one at a time
 /// (later arrivals queue); reducing b bytes costs `b·gamma` and copying them `b·copy` on the rank
-/// that does it.
+/// that does it. Sending and receiving a message each also hold the rank's processor `overhead`
+/// seconds (LogP's o), one message after another: what a rank pays per message when it has no
+/// core of its own.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkModel {
     /// Per-message latency, seconds.
@@ -47,6 +49,8 @@ pub struct LinkModel {
     pub gamma: f64,
     /// Seconds per byte copied.
     pub copy: f64,
+    /// Seconds of the rank's processor per message sent and per message received.
+    pub overhead: f64,
 }
 
 impl LinkModel {
@@ -57,6 +61,7 @@ impl LinkModel {
             beta: 1.0 / bandwidth,
             gamma: 0.0,
             copy: 0.0,
+            overhead: 0.0,
         }
     }
 }
@@ -733,12 +738,15 @@ impl<'a> Sim<'a> {
                 self.remote
             };
             let wire = src.len as f64 * m.beta;
+            // The sender's processor hands the message over first.
+            let handed = self.now.max(self.ranks[from].cpu_free) + m.overhead;
+            self.ranks[from].cpu_free = handed;
             let (start, arrive) = if shared {
-                let start = self.now.max(self.out_free[po]);
+                let start = handed.max(self.out_free[po]);
                 self.out_free[po] = start + wire;
                 (start, start)
             } else {
-                let start = self.now.max(self.out_free[po]);
+                let start = handed.max(self.out_free[po]);
                 self.out_free[po] = start + wire;
                 let arrive = start.max(self.in_free[pi]);
                 self.in_free[pi] = arrive + wire;
@@ -783,20 +791,26 @@ impl<'a> Sim<'a> {
             let stats = &mut self.ranks[to].stats;
             stats.bytes_received += op.message_len();
             stats.messages_received += 1;
-            let cost = match op {
-                Op::Recv { dst, .. } => {
-                    if let Some((bufs, _)) = &mut self.data {
-                        region_mut(bufs, &mut self.ranks[to].scratch, to, dst)
-                            .copy_from_slice(&msg.data);
-                    }
-                    dst.len as f64 * self.config.model.copy
-                }
-                Op::RecvReduce { dst, src, op, .. } => {
-                    self.apply(to, dst, src, Some((op, &msg.data)));
-                    dst.len as f64 * self.config.model.gamma
-                }
-                _ => unreachable!("receive list holds receives"),
+            let overhead = if self.links[l].kind == 0 {
+                self.config.model.overhead
+            } else {
+                self.remote.overhead
             };
+            let cost = overhead
+                + match op {
+                    Op::Recv { dst, .. } => {
+                        if let Some((bufs, _)) = &mut self.data {
+                            region_mut(bufs, &mut self.ranks[to].scratch, to, dst)
+                                .copy_from_slice(&msg.data);
+                        }
+                        dst.len as f64 * self.config.model.copy
+                    }
+                    Op::RecvReduce { dst, src, op, .. } => {
+                        self.apply(to, dst, src, Some((op, &msg.data)));
+                        dst.len as f64 * self.config.model.gamma
+                    }
+                    _ => unreachable!("receive list holds receives"),
+                };
             self.finish_local(to, s, cost);
             // A slot freed: the sender may continue.
             self.try_send(l);

@@ -43,6 +43,48 @@ pub struct Calibration {
     pub budget: usize,
 }
 
+/// The processor time per message the calibration prices with once, to learn how the
+/// simulated schedules grow with it (they grow in proportion, for 8-byte messages).
+const UNIT_OVERHEAD: f64 = 1e-6;
+
+/// The scale of α (at least 1) and the processor time per message (at least 0) that make the
+/// simulated 8-byte ring, and where timed the direct all-reduce, take what they were measured
+/// to take. Each is given as ((simulated time as measured, its growth per second of overhead),
+/// measured time), its simulated time growing in proportion to α's scale.
+fn fit_alpha_and_overhead(
+    ((r1, ro), lr): ((f64, f64), f64),
+    direct: Option<((f64, f64), f64)>,
+) -> (f64, f64) {
+    let scale = lr / r1;
+    let alpha_only = (
+        if scale.is_finite() {
+            scale.clamp(1.0, 1000.0)
+        } else {
+            1.0
+        },
+        0.0,
+    );
+    let Some(((d1, dox), ld)) = direct else {
+        return alpha_only;
+    };
+    // f·r1 + o·ro = lr and f·d1 + o·dox = ld.
+    let det = r1 * dox - ro * d1;
+    if det.is_nan() || det.abs() <= 1e-12 * r1 * dox.max(ro) {
+        return alpha_only;
+    }
+    let f = (lr * dox - ro * ld) / det;
+    let o = (r1 * ld - d1 * lr) / det;
+    if !(f.is_finite() && o.is_finite()) || o <= 0.0 {
+        return alpha_only;
+    }
+    if f < 1.0 {
+        // α as measured; the overhead that makes the direct all-reduce what it took.
+        let o = ((ld - d1) / dox).max(0.0);
+        return (1.0, if o.is_finite() { o.min(1e-3) } else { 0.0 });
+    }
+    (f.min(1000.0), o.min(1e-3))
+}
+
 /// Batches a calibration times each measurement in (see `Communicator::time`).
 const BATCHES: usize = 5;
 
@@ -124,30 +166,64 @@ impl Communicator {
             measured = measured.with_gamma(measure_gamma());
         }
         // A hop costs more when every rank is busy (ranks sharing cores wait to be scheduled)
-        // than in a ping-pong between two: α is scaled so that the simulated 8-byte ring
-        // all-reduce takes what it takes here with every rank at work.
+        // than in a ping-pong between two, and a rank that has no core of its own pays for
+        // every message it sends or receives, one after another. So α is scaled and a
+        // processor time per message fitted such that the simulated 8-byte ring and direct
+        // all-reduces (the ring: 2(n − 1) hops of one message each; direct: one hop of n − 1
+        // messages a rank) take what they take here with every rank at work.
         let plan = Plan::new(Collective::AllReduce, 2, DataType::F32);
-        let ring = Choice::new(Algorithm::Ring).slice_bytes(self.inner.means.slice_bytes);
+        let slice = self.inner.means.slice_bytes;
+        let ring = Choice::new(Algorithm::Ring).slice_bytes(slice);
+        let direct = Choice::new(Algorithm::Direct).slice_bytes(slice);
         let mut words = [0u64; 2];
         let (a, b) = words.split_at_mut(1);
-        let loaded = if self.size() > 1 {
-            self.time(&plan, Route::Schedule(ring), 50, (a, b))?
+        let (loaded_ring, loaded_direct) = if self.size() > 1 {
+            let r = self.time(&plan, Route::Schedule(ring), 50, (a, b))?;
+            let d = if self.size() > 2 {
+                Some(self.time(&plan, Route::Schedule(direct), 50, (a, b))?)
+            } else {
+                None
+            };
+            (r, d)
         } else {
-            0.0
+            (0.0, None)
         };
-        if self.rank() == 0
-            && let Some(simulated) =
-                tune::simulate(&plan, ring, &self.inner.means, &measured, &self.inner.hosts)
+        if self.rank() == 0 {
+            let sim = |choice: Choice, costs: &Costs| {
+                tune::simulate(&plan, choice, &self.inner.means, costs, &self.inner.hosts)
                     .filter(|&t| t > 0.0)
-        {
-            let factor = (loaded / simulated).clamp(1.0, 1000.0);
-            if factor > 1.0 {
-                let source = format!(
-                    "{}; link α × {factor:.2} (8-byte ring: {:.2} µs with every rank at work)",
-                    measured.source(),
-                    loaded * 1e6
-                );
-                measured = measured.scale_alpha(factor).with_source(&source);
+            };
+            let with_unit = measured.clone().with_overhead(UNIT_OVERHEAD);
+            let fitted = match (sim(ring, &measured), sim(ring, &with_unit)) {
+                (Some(r1), Some(r2)) => {
+                    let ring_fit = ((r1, (r2 - r1) / UNIT_OVERHEAD), loaded_ring);
+                    let direct_fit = loaded_direct.and_then(|loaded| {
+                        let d1 = sim(direct, &measured)?;
+                        let d2 = sim(direct, &with_unit)?;
+                        Some(((d1, (d2 - d1) / UNIT_OVERHEAD), loaded))
+                    });
+                    Some(fit_alpha_and_overhead(ring_fit, direct_fit))
+                }
+                _ => None,
+            };
+            if let Some((factor, overhead)) = fitted {
+                let mut source = measured.source().to_owned();
+                if factor > 1.0 {
+                    source += &format!(
+                        "; link α × {factor:.2} (8-byte ring: {:.2} µs with every rank at work)",
+                        loaded_ring * 1e6
+                    );
+                    measured = measured.scale_alpha(factor);
+                }
+                if overhead > 0.0 {
+                    source += &format!(
+                        "; {:.2} µs per message (8-byte direct: {:.2} µs)",
+                        overhead * 1e6,
+                        loaded_direct.unwrap_or(0.0) * 1e6
+                    );
+                    measured = measured.with_overhead(overhead);
+                }
+                measured = measured.with_source(&source);
             }
         }
         // Everyone takes rank 0's table: its length, then its text.
@@ -560,4 +636,37 @@ fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_alpha_and_overhead;
+
+    #[test]
+    fn the_fit_recovers_the_scale_and_overhead_that_made_the_times() {
+        // Simulated as measured: ring 6 µs growing 12 s per second of overhead (12 messages on
+        // its critical path), direct 1 µs growing 6; true scale 1.5 and overhead 1.2 µs.
+        let (ring, direct) = ((6e-6, 12.0), (1e-6, 6.0));
+        let made = |(t, per): (f64, f64), f: f64, o: f64| f * t + o * per;
+        let (lr, ld) = (made(ring, 1.5, 1.2e-6), made(direct, 1.5, 1.2e-6));
+        let (f, o) = fit_alpha_and_overhead((ring, lr), Some((direct, ld)));
+        assert!(
+            (f - 1.5).abs() < 1e-9 && (o - 1.2e-6).abs() < 1e-15,
+            "{f} {o}"
+        );
+        // Without a direct time (2 ranks) only α is scaled, as before.
+        assert_eq!(fit_alpha_and_overhead((ring, lr), None), (lr / 6e-6, 0.0));
+        // Times that need no overhead (direct as fast as α alone makes it) keep it at zero.
+        let (f, o) = fit_alpha_and_overhead((ring, 12e-6), Some((direct, 1e-6)));
+        assert_eq!((f, o), (2.0, 0.0));
+        // A scale below 1 is not taken: α stays as measured and the overhead covers direct.
+        let (f, o) = fit_alpha_and_overhead((ring, 6e-6), Some((direct, 4e-6)));
+        assert_eq!(f, 1.0);
+        assert!((o - 0.5e-6).abs() < 1e-15, "{o}");
+        // Nonsense stays bounded.
+        let (f, o) = fit_alpha_and_overhead((ring, f64::NAN), Some((direct, 1.0)));
+        assert_eq!((f, o), (1.0, 0.0));
+        let (f, o) = fit_alpha_and_overhead((ring, 6e-6), Some((direct, 1.0)));
+        assert_eq!((f, o), (1.0, 1e-3));
+    }
 }

@@ -28,7 +28,13 @@
 //! link shm alpha=1.1e-6 beta=2.0e-10
 //! link tcp alpha=9.0e-6 beta=4.5e-10
 //! fold gamma=1.5e-10
+//! message overhead=1.4e-6
 //! ```
+//!
+//! The last is the processor time a rank spends on each message it sends or receives, one
+//! message after another (LogP's o); the calibration fits it, with the scale of α, to a ring and
+//! a direct all-reduce timed with every rank at work, and it is large only where ranks share
+//! cores.
 //!
 //! Parsing is strict and bounded (sizes, lines and points are capped), so a damaged or hostile
 //! file is rejected with a reason instead of steering the tuner.
@@ -221,6 +227,8 @@ pub struct Costs {
     links: [Option<LinkCost>; LinkKind::ALL.len()],
     /// Seconds per byte folded.
     gamma: Option<f64>,
+    /// Seconds of a rank's processor per message sent or received.
+    overhead: Option<f64>,
 }
 
 impl Costs {
@@ -248,6 +256,7 @@ impl Costs {
             curves,
             links: [None; LinkKind::ALL.len()],
             gamma: None,
+            overhead: None,
         }
     }
 
@@ -274,6 +283,19 @@ impl Costs {
     pub fn with_gamma(mut self, gamma: f64) -> Costs {
         self.gamma = (gamma.is_finite() && (0.0..=MAX_SECONDS).contains(&gamma)).then_some(gamma);
         self
+    }
+
+    /// These costs with the processor time per message set, in seconds (dropped if not finite
+    /// and non-negative).
+    pub fn with_overhead(mut self, overhead: f64) -> Costs {
+        self.overhead =
+            (overhead.is_finite() && (0.0..=MAX_SECONDS).contains(&overhead)).then_some(overhead);
+        self
+    }
+
+    /// Seconds of a rank's processor per message sent or received, if measured.
+    pub fn overhead(&self) -> Option<f64> {
+        self.overhead
     }
 
     /// These costs with every link's α multiplied by `factor` (finite and positive; else
@@ -372,6 +394,9 @@ impl Costs {
         if let Some(g) = self.gamma {
             let _ = writeln!(s, "fold gamma={g:.4e}");
         }
+        if let Some(o) = self.overhead {
+            let _ = writeln!(s, "message overhead={o:.4e}");
+        }
         s
     }
 
@@ -392,6 +417,7 @@ impl Costs {
         let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
         let mut links = [None; LinkKind::ALL.len()];
         let mut gamma = None;
+        let mut overhead = None;
         for (no, line) in lines {
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -457,6 +483,14 @@ impl Costs {
                 }
                 continue;
             }
+            if let Some(rest) = line.strip_prefix("message ") {
+                let mut words = rest.split_whitespace();
+                let o = value(words.next(), "overhead")?;
+                if words.next().is_some() || overhead.replace(o).is_some() {
+                    return Err(bad("expected one `message overhead=seconds`"));
+                }
+                continue;
+            }
             let mut words = line.split_whitespace();
             let (Some(c), Some(w), Some(p)) = (words.next(), words.next(), words.next()) else {
                 return Err(bad("expected `collective way placement size=seconds ...`"));
@@ -514,6 +548,7 @@ impl Costs {
             curves,
             links,
             gamma,
+            overhead,
         })
     }
 }
@@ -655,6 +690,32 @@ mod tests {
         assert_eq!(LinkKind::of("loopback"), None);
         // The defaults price no rdma: it was not on the reference machine.
         assert_eq!(Costs::defaults().link(LinkKind::Rdma), None);
+    }
+
+    #[test]
+    fn the_overhead_per_message_reads_back_and_bad_lines_are_refused() {
+        let c = Costs::from_points("t", 4, []).with_overhead(1.5e-6);
+        let again = Costs::parse(&c.to_text()).unwrap();
+        assert!((again.overhead().unwrap() - 1.5e-6).abs() < 1e-12);
+        assert_eq!(Costs::from_points("t", 4, []).overhead(), None);
+        assert_eq!(
+            Costs::from_points("t", 4, [])
+                .with_overhead(-1.0)
+                .overhead(),
+            None
+        );
+        for (text, why) in [
+            ("message overhead=-1e-6", "out of range"),
+            ("message overhead=1e-6 extra", "expected one"),
+            (
+                "message overhead=1e-6\nmessage overhead=2e-6",
+                "expected one",
+            ),
+            ("message latency=1e-6", "expected overhead=seconds"),
+        ] {
+            let e = Costs::parse(&format!("{FORMAT}\n{text}\n")).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -293,6 +293,7 @@ fn price_schedule(
             beta: l.beta_for(top),
             gamma,
             copy: gamma,
+            overhead: costs.overhead().unwrap_or(0.0),
         })
     };
     let local = if means.per_host >= 2 {
@@ -1194,6 +1195,7 @@ mod tests {
                 beta: tcp.beta,
                 gamma: costs.gamma().unwrap(),
                 copy: costs.gamma().unwrap(),
+                overhead: 0.0,
             };
             let schedules: Vec<_> = (0..8)
                 .map(|r| algo::schedule_on(&plan, &choice, r, &hosts).unwrap())

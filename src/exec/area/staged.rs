@@ -342,7 +342,7 @@ impl AreaPath {
 ///
 /// `from` readable and `to` writable for `len` bytes, not overlapping, nobody else in this
 /// process writing `to` meanwhile.
-unsafe fn copy_out(from: *const u8, to: *mut u8, len: usize, total: usize) {
+pub(super) unsafe fn copy_out(from: *const u8, to: *mut u8, len: usize, total: usize) {
     // SAFETY: forwarded from the caller.
     let (to, from) = unsafe {
         (

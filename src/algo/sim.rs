@@ -686,6 +686,15 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The model of links of port kind `kind` (0 inside a host, 1 between hosts).
+    fn model(&self, kind: usize) -> LinkModel {
+        if kind == 0 {
+            self.config.model
+        } else {
+            self.remote
+        }
+    }
+
     /// Completes local work of `cost` seconds on rank r's processor.
     fn finish_local(&mut self, r: usize, s: StepId, cost: f64) {
         let start = self.now.max(self.ranks[r].cpu_free);
@@ -732,11 +741,7 @@ impl<'a> Sim<'a> {
             let data = self.read(from, src);
             // The sender's port is busy for its own transmission only; the receiver's port
             // takes arrivals one at a time, queueing the rest (a buffering switch).
-            let m = if k == 0 {
-                self.config.model
-            } else {
-                self.remote
-            };
+            let m = self.model(k);
             let wire = src.len as f64 * m.beta;
             // The sender's processor hands the message over first.
             let handed = self.now.max(self.ranks[from].cpu_free) + m.overhead;
@@ -791,27 +796,22 @@ impl<'a> Sim<'a> {
             let stats = &mut self.ranks[to].stats;
             stats.bytes_received += op.message_len();
             stats.messages_received += 1;
-            let overhead = if self.links[l].kind == 0 {
-                self.config.model.overhead
-            } else {
-                self.remote.overhead
+            let cost = match op {
+                Op::Recv { dst, .. } => {
+                    if let Some((bufs, _)) = &mut self.data {
+                        region_mut(bufs, &mut self.ranks[to].scratch, to, dst)
+                            .copy_from_slice(&msg.data);
+                    }
+                    dst.len as f64 * self.config.model.copy
+                }
+                Op::RecvReduce { dst, src, op, .. } => {
+                    self.apply(to, dst, src, Some((op, &msg.data)));
+                    dst.len as f64 * self.config.model.gamma
+                }
+                _ => unreachable!("receive list holds receives"),
             };
-            let cost = overhead
-                + match op {
-                    Op::Recv { dst, .. } => {
-                        if let Some((bufs, _)) = &mut self.data {
-                            region_mut(bufs, &mut self.ranks[to].scratch, to, dst)
-                                .copy_from_slice(&msg.data);
-                        }
-                        dst.len as f64 * self.config.model.copy
-                    }
-                    Op::RecvReduce { dst, src, op, .. } => {
-                        self.apply(to, dst, src, Some((op, &msg.data)));
-                        dst.len as f64 * self.config.model.gamma
-                    }
-                    _ => unreachable!("receive list holds receives"),
-                };
-            self.finish_local(to, s, cost);
+            let overhead = self.model(self.links[l].kind).overhead;
+            self.finish_local(to, s, overhead + cost);
             // A slot freed: the sender may continue.
             self.try_send(l);
         }

@@ -482,8 +482,9 @@ impl Communicator {
             }
             let st = self.inner.lock();
             self.run_decided(st, *plan, decision.clone(), input, output)?;
-            let done = i + 1 - warm.min(i + 1);
-            if i >= warm && (done.is_multiple_of(batch) || i + 1 == iters + warm) {
+            // Timed calls done so far; a batch ends every `batch` of them, and at the last.
+            let done = (i + 1).saturating_sub(warm);
+            if done > 0 && (done.is_multiple_of(batch) || done == iters) {
                 let calls = (done - 1) % batch + 1;
                 times.push(start.elapsed().as_secs_f64() / calls as f64);
                 start = Instant::now();

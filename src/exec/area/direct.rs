@@ -332,42 +332,28 @@ impl AreaPath {
             // they do not overlap, and nobody else writes our output's block meanwhile.
             unsafe { copy_out(b.src.add(src_at), b.dst.add(dst_at), block, total) };
         }
-        for (q, src_at, dst_at, bytes) in from {
+        let spans = from.into_iter().map(|s| (false, s));
+        for (write, (q, src_at, dst_at, bytes)) in spans.chain(to.into_iter().map(|s| (true, s))) {
             let mut at = 0;
             while at < bytes {
                 w.check_running(turn)?;
                 let len = COPY_PART.min(bytes - at);
-                // SAFETY: our output holds `dst_at + bytes` bytes, which nobody else touches
-                // meanwhile (a helping root writes only the range we skip); the peer keeps its
-                // source valid as in `fold_parts`.
+                let (src, dst) = (src_at + at, dst_at + at);
+                // SAFETY: a read: our output holds `dst_at + bytes` bytes, which nobody else
+                // touches meanwhile (a helping root writes only the range we skip), and the
+                // peer keeps its source valid as in `fold_parts`. A write: our source holds
+                // `src_at + bytes` bytes (`Blocks::of`), and the peer keeps its output valid
+                // until every rank finishes this turn or stops touching it, and does not touch
+                // this range of it meanwhile (a broadcast peer reads the rest; a gather root
+                // copies only its own block).
                 unsafe {
-                    self.area.read_from(
-                        q,
-                        peer_addrs[q].0 + src_at + at,
-                        b.dst.add(dst_at + at),
-                        len,
-                    )
-                }
-                .map_err(|e| self.reach_err(w, q, e))?;
-                at += len;
-            }
-        }
-        for (q, src_at, dst_at, bytes) in to {
-            let mut at = 0;
-            while at < bytes {
-                w.check_running(turn)?;
-                let len = COPY_PART.min(bytes - at);
-                // SAFETY: our source holds `src_at + bytes` bytes (`Blocks::of`); the peer
-                // keeps its output valid until every rank finishes this turn or stops touching
-                // it, and does not touch this range of it meanwhile (a broadcast peer reads the
-                // rest; a gather root copies only its own block).
-                unsafe {
-                    self.area.write_to(
-                        q,
-                        peer_addrs[q].1 + dst_at + at,
-                        b.src.add(src_at + at),
-                        len,
-                    )
+                    if write {
+                        let remote = peer_addrs[q].1 + dst;
+                        self.area.write_to(q, remote, b.src.add(src), len)
+                    } else {
+                        let remote = peer_addrs[q].0 + src;
+                        self.area.read_from(q, remote, b.dst.add(dst), len)
+                    }
                 }
                 .map_err(|e| self.reach_err(w, q, e))?;
                 at += len;

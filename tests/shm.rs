@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use oxccl::algo::{Collective, Plan};
 use oxccl::config::TransportFilter;
 use oxccl::{Communicator, Config, DataType, Error, ReduceOp};
+use oxccl_transport_shm::area::LAG;
 use util::procs::{launch, on_each};
 
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
@@ -376,21 +377,154 @@ fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
             assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
         }
     }
-    // An area all-reduce against a broadcast on the engine.
+    // An all-reduce against a broadcast. The all-reduce reads the broadcast's root and fails
+    // at once; the root reads nobody and may run ahead, so it may learn only at a later call,
+    // but within the area's lag (`LAG` turns), never hanging.
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
     let results = on_each(&comms, |c| {
         let mut buf = vec![1.0f32; 8];
         if c.rank() == 0 {
-            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
-        } else {
-            c.broadcast_in_place(&mut buf, 1)
+            return c.all_reduce_in_place(&mut buf, ReduceOp::Sum);
         }
+        for _ in 0..=LAG {
+            c.broadcast_in_place(&mut buf, 1)?;
+        }
+        Ok(())
     });
     for (r, (res, took)) in results.into_iter().enumerate() {
         let e = res.expect_err("a mismatch");
         assert!(
             matches!(e, Error::Mismatch { .. } | Error::PeerFailed { .. }),
             "rank {r}: {e:?}"
+        );
+        if r == 0 {
+            assert!(matches!(e, Error::Mismatch { peer: 1, .. }), "{e:?}");
+        }
+        assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
+    }
+}
+
+/// Ranks that read nothing from a peer in a call (a broadcast's root, a reduce's other ranks,
+/// a gather's, a scatter's root) run up to `LAG` calls ahead of it through the area: every
+/// call must still get its own data. A seeded mix of broadcasts, reduces, gathers, scatters
+/// and all-reduces on 3 ranks, with every root, in slots and (past 4 KiB) large buffers, each
+/// checked against values computed here.
+#[test]
+fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
+    let n = 3;
+    let comms = shm(n, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| -> Result<(), String> {
+        let me = c.rank();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut what, mut root, mut count) = (0, 0, 0);
+        for call in 0..800usize {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            // Runs of one collective from one root, so the ranks that read nothing get far
+            // ahead (the readers dawdle now and then), then single calls of each.
+            if call >= 400 || call % 40 == 0 {
+                what = (rng >> 33) % 5;
+                root = ((rng >> 40) % n as u64) as usize;
+                count = [1usize, 2, 250, 1024, 1025, 3000][((rng >> 45) % 6) as usize];
+            }
+            let reads = match what {
+                0 | 4 => me != root,
+                1 | 3 => me == root,
+                _ => true,
+            };
+            if reads && call < 400 && call % 8 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // Small integers: sums are exact in any order.
+            let v = |r: usize, i: usize| ((call * 31 + r * 7 + i) % 97) as f32;
+            let mine: Vec<f32> = (0..count).map(|i| v(me, i)).collect();
+            let sum: Vec<f32> = (0..count).map(|i| (0..n).map(|r| v(r, i)).sum()).collect();
+            let e = |e: Error| format!("call {call} ({what}, {count}, root {root}): {e}");
+            let (got, want) = match what {
+                0 => {
+                    let mut buf = if me == root {
+                        mine.clone()
+                    } else {
+                        vec![-1.0; count]
+                    };
+                    c.broadcast_in_place(&mut buf, root).map_err(e)?;
+                    (buf, (0..count).map(|i| v(root, i)).collect())
+                }
+                1 => {
+                    let mut out = vec![-1.0; count];
+                    c.reduce(&mine, &mut out, ReduceOp::Sum, root).map_err(e)?;
+                    if me != root {
+                        continue;
+                    }
+                    (out, sum)
+                }
+                2 => {
+                    let mut out = vec![-1.0; count];
+                    c.all_reduce(&mine, &mut out, ReduceOp::Sum).map_err(e)?;
+                    (out, sum)
+                }
+                3 => {
+                    let mut out = vec![-1.0; n * count];
+                    c.gather(&mine, &mut out, root).map_err(e)?;
+                    if me != root {
+                        continue;
+                    }
+                    (
+                        out,
+                        (0..n * count).map(|j| v(j / count, j % count)).collect(),
+                    )
+                }
+                _ => {
+                    let send: Vec<f32> = (0..n * count).map(|j| v(me, j)).collect();
+                    let mut out = vec![-1.0; count];
+                    c.scatter(&send, &mut out, root).map_err(e)?;
+                    (out, (0..count).map(|i| v(root, me * count + i)).collect())
+                }
+            };
+            if got != want {
+                return Err(format!(
+                    "rank {me}: call {call} ({what}, {count}, root {root}) is wrong"
+                ));
+            }
+        }
+        Ok(())
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// Two calls in which neither rank reads the other's data (a broadcast's root against a
+/// reduce's other rank) fail anyway: each rank checks the other's descriptors `LAG` calls
+/// later, and fails then, on both ranks.
+#[test]
+fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
+    let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| {
+        let mut buf = vec![1.0f32; 8];
+        let mut calls = 0;
+        let res = (|| {
+            for _ in 0..=2 * LAG {
+                calls += 1;
+                if c.rank() == 0 {
+                    c.broadcast_in_place(&mut buf, 0)?;
+                } else {
+                    c.reduce_in_place(&mut buf, ReduceOp::Sum, 0)?;
+                }
+            }
+            Ok(())
+        })();
+        (res, calls)
+    });
+    for (r, ((res, calls), took)) in results.into_iter().enumerate() {
+        match res {
+            Err(Error::Mismatch { rank, peer, .. }) => assert_eq!((rank, peer), (r, 1 - r)),
+            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+        }
+        assert!(
+            calls as u64 <= LAG + 1,
+            "rank {r} failed only at call {calls}"
         );
         assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
     }

@@ -953,6 +953,10 @@ impl Engine {
             return;
         }
         self.broken = Some(why.clone());
+        // Peers that run ahead through the area without waiting for this rank look there.
+        if let Some(area) = &self.area {
+            area.fail();
+        }
         for link in self.links.iter_mut().flatten() {
             link.cancel();
         }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::staged::copy_out;
 use super::waiter::CHECK_EVERY;
-use super::{AreaPath, Blocks, PART_BYTES, Waiter, slicer};
+use super::{AreaPath, Blocks, Data, PART_BYTES, Waiter, slicer};
 use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::{cpu, stream};
@@ -95,21 +95,29 @@ impl AreaPath {
         let mut everyone = true;
         let mut root_helps = false;
         let len = plan.count * plan.dtype.size();
-        self.exchange(w, turn, (addrs.as_ptr(), addrs.len()), len, |r, data| {
-            // SAFETY: every publication of this turn carries 32 bytes (the descriptors
-            // matched, so every rank took this path), in area memory its owner may write: read
-            // once, as a copy.
-            let a: [u8; 32] = unsafe { oxccl_transport::shared::read(data.cast()) };
-            let word = |i: usize| {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&a[i * 8..i * 8 + 8]);
-                u64::from_le_bytes(b) as usize
-            };
-            peer_addrs.push((word(0), word(1)));
-            everyone &= word(2) == 1;
-            root_helps |= r == plan.root && word(3) == 1;
-            Ok(())
-        })?;
+        let data = Data::Copy(addrs.as_ptr(), addrs.len());
+        self.exchange(
+            w,
+            turn,
+            data,
+            len,
+            |_| true,
+            |r, data| {
+                // SAFETY: every publication of this turn carries 32 bytes (the descriptors
+                // matched, so every rank took this path), in area memory its owner may write: read
+                // once, as a copy.
+                let a: [u8; 32] = unsafe { oxccl_transport::shared::read(data.cast()) };
+                let word = |i: usize| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&a[i * 8..i * 8 + 8]);
+                    u64::from_le_bytes(b) as usize
+                };
+                peer_addrs.push((word(0), word(1)));
+                everyone &= word(2) == 1;
+                root_helps |= r == plan.root && word(3) == 1;
+                Ok(())
+            },
+        )?;
         if !everyone {
             // Nobody touches anyone's memory: every rank saw the same publications.
             return Ok(false);
@@ -374,7 +382,7 @@ impl AreaPath {
     fn stop_touching(&self, w: &mut Waiter<'_>, turn: u64, e: &Error) {
         self.area.abandon(turn);
         self.area.leave();
-        w.engine.fail_outside(e);
+        w.fail(e);
         let started = Instant::now();
         let mut warned = started;
         for q in (0..self.area.len()).filter(|&q| q != self.rank) {

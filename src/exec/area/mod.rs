@@ -30,15 +30,18 @@
 //! they wait on each other with the engine's guarantees.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, Published};
+use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, LAG, Published};
 
 use super::descriptor::Descriptor;
 use super::driver::Engine;
 use super::op::OpName;
 use crate::algo::{Algorithm, Collective, Plan};
 use crate::error::{Error, Result};
+use crate::reduce::cpu;
+use crate::reduce::shared::Shared;
 use crate::tune::Way;
 use crate::types::Rank;
 use waiter::Waiter;
@@ -71,6 +74,9 @@ pub struct AreaPath {
     scratch: Mutex<Vec<u64>>,
     /// How long to spin before yielding.
     spin: Duration,
+    /// Per rank, how many of its first turns this rank has seen published and checked against
+    /// its own descriptors (a rank it reads nothing from may be up to [`LAG`] turns behind).
+    checked: Vec<AtomicU64>,
 }
 
 impl AreaPath {
@@ -84,13 +90,20 @@ impl AreaPath {
         } else {
             SPIN
         };
+        let checked = (0..area.len()).map(|_| AtomicU64::new(0)).collect();
         AreaPath {
             area,
             rank,
             direct,
             scratch: Mutex::new(Vec::new()),
             spin,
+            checked,
         }
+    }
+
+    /// Says in the area that this rank's communicator failed (see [`Area::fail`]).
+    pub fn fail(&self) {
+        self.area.fail();
     }
 
     /// Whether every rank can reach every peer's memory directly (agreed at setup).
@@ -217,55 +230,203 @@ impl AreaPath {
         Ok(())
     }
 
-    /// Publishes `data` (its call covering `len` bytes) with our descriptor for `turn`, then
-    /// hands every rank's published data (ours included), in rank order, to `each` once its
-    /// descriptor is checked against ours.
+    /// This rank's place for `bytes` of data of `turn` ([`Area::my_buffer`]), once it may write
+    /// there: every rank has published turn `turn - LAG` (their descriptors up to it checked
+    /// against ours), and for a large buffer `turn - 1`.
+    fn claim(&self, w: &mut Waiter<'_>, turn: u64, bytes: usize) -> Result<*mut u8> {
+        if turn >= LAG {
+            self.catch_up(w, turn, turn - LAG)?;
+        }
+        if Area::in_buffer(bytes) && turn >= 1 {
+            self.catch_up(w, turn, turn - 1)?;
+        }
+        if let Some(peer) = self.area.failed_peer() {
+            // A rank that reads nothing from `peer` would not wait for it, so would not see
+            // its failure notice: say it here.
+            let e = Error::PeerFailed {
+                rank: self.rank,
+                peer,
+                op: w.name.to_string(),
+                cause: "its communicator failed or was aborted".into(),
+            };
+            w.fail(&e);
+            return Err(e);
+        }
+        Ok(self.area.my_buffer(turn, bytes))
+    }
+
+    /// Waits until every rank has published turn `upto`, and checks each one's descriptors
+    /// of the turns not checked yet against ours (also those past `upto` already published,
+    /// before `turn`). A rank's descriptor of turn `t` stays in its slot until it writes
+    /// `t + SLOTS`, for which it waits for this rank's `t + SLOTS - LAG = t + LAG`: so every
+    /// turn from `turn - LAG` on is still there, and earlier ones were checked by earlier calls.
+    fn catch_up(&self, w: &mut Waiter<'_>, turn: u64, upto: u64) -> Result<()> {
+        for r in (0..self.area.len()).filter(|&r| r != self.rank) {
+            let mut t = self.checked[r].load(Ordering::Relaxed);
+            if t > upto {
+                continue;
+            }
+            w.until(|| {
+                if self.area.published(r, upto) {
+                    Ok(())
+                } else {
+                    Err(r)
+                }
+            })?;
+            while t <= upto || (t < turn && self.area.published(r, t)) {
+                let theirs = self.area.observe(r, t).ok().flatten();
+                let ours = self.area.observe(self.rank, t).ok().flatten();
+                if let (Some(p), Some(o)) = (theirs, ours)
+                    && (p.tag != o.tag || p.len != o.len)
+                {
+                    // SAFETY: both published with the stamps observed, in area memory: read
+                    // once, as a copy (any bytes are a valid array).
+                    let (ours, theirs) = unsafe {
+                        (
+                            oxccl_transport::shared::read(o.desc),
+                            oxccl_transport::shared::read(p.desc),
+                        )
+                    };
+                    return Err(self.mismatch(w, r, &ours, &theirs));
+                }
+                t += 1;
+            }
+            self.checked[r].store(t, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The error of a call whose descriptors (as published) differ from rank `peer`'s,
+    /// failing the communicator.
+    fn mismatch(
+        &self,
+        w: &mut Waiter<'_>,
+        peer: Rank,
+        ours: &[u8; DESC_BYTES],
+        theirs: &[u8; DESC_BYTES],
+    ) -> Error {
+        let say = |d: &[u8; DESC_BYTES]| {
+            Descriptor::decode(d).map_or("something unreadable".into(), |d| d.to_string())
+        };
+        let e = Error::Mismatch {
+            rank: self.rank,
+            peer,
+            op: w.name.to_string(),
+            ours: say(ours),
+            theirs: say(theirs),
+        };
+        w.fail(&e);
+        e
+    }
+
+    /// Publishes `data` for `turn` (the call covering `len` bytes) with our descriptor, then
+    /// hands the published data of every rank `reads` names (ours always), in rank order, to
+    /// `each` once its descriptor is checked against ours. `data` is either copied here, or
+    /// was written by the caller to the place [`AreaPath::claim`] gave it.
+    ///
+    /// Ranks this rank reads nothing from are neither waited for nor checked here: they may
+    /// be up to [`LAG`] turns behind, and [`AreaPath::claim`] checks their descriptors later.
+    /// Every collective's readers form a connected graph (a broadcast's ranks read the root,
+    /// a reduce's root reads all), so a mismatch in any turn is still found by some rank
+    /// there, and every rank's within [`LAG`] turns.
     fn exchange(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
-        (data, data_len): (*const u8, usize),
+        data: Data,
         len: usize,
+        reads: impl Fn(Rank) -> bool,
         mut each: impl FnMut(Rank, *const u8) -> Result<()>,
     ) -> Result<()> {
         let desc: [u8; DESC_BYTES] = w.ours.encode();
         let tag = area::tag(&desc);
-        let mine = self.area.my_buffer(turn);
-        // SAFETY: `data` holds `data_len` readable bytes, which fit a buffer (callers check),
-        // and this rank owns its area buffer: every rank read it before publishing `turn - 1`,
-        // which this rank observed.
-        unsafe { std::ptr::copy_nonoverlapping(data, mine, data_len) };
-        self.area.publish(turn, &desc, tag, len);
+        let bytes = match data {
+            Data::Copy(data, data_len) => {
+                let mine = self.claim(w, turn, data_len)?;
+                // SAFETY: `data` holds `data_len` readable bytes, which fit a buffer (callers
+                // check), and this rank may write its place (`claim`).
+                unsafe { std::ptr::copy_nonoverlapping(data, mine, data_len) };
+                data_len
+            }
+            Data::Claimed(bytes) => bytes,
+        };
+        self.area.publish(turn, &desc, tag, len, bytes);
         for r in 0..self.area.len() {
             let p = if r == self.rank {
                 Published {
                     tag,
                     desc: &desc,
-                    data: mine,
+                    data: self.area.my_buffer(turn, bytes),
                     len,
                 }
-            } else {
+            } else if reads(r) {
                 w.until(|| self.area.observe(r, turn).ok().flatten().ok_or(r))?
+            } else {
+                continue;
             };
             if p.tag != tag || p.len != len {
                 // SAFETY: published with the stamp observed, in area memory: read once, as a
                 // copy (any bytes are a valid array).
-                let theirs = Descriptor::decode(&unsafe { oxccl_transport::shared::read(p.desc) })
-                    .map_or("something unreadable".into(), |d| d.to_string());
-                let e = Error::Mismatch {
-                    rank: self.rank,
-                    peer: r,
-                    op: w.name.to_string(),
-                    ours: w.ours.to_string(),
-                    theirs,
-                };
-                w.engine.fail_outside(&e);
-                return Err(e);
+                let theirs = unsafe { oxccl_transport::shared::read(p.desc) };
+                return Err(self.mismatch(w, r, &desc, &theirs));
+            }
+            if r != self.rank {
+                // Checked now: the lagged check need not read it again.
+                let _ = self.checked[r].compare_exchange(
+                    turn,
+                    turn + 1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
             }
             each(r, p.data)?;
         }
         Ok(())
     }
+
+    /// [`AreaPath::exchange`] where this rank reads every rank: their published data, in rank
+    /// order.
+    fn exchange_all(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        data: Data,
+        len: usize,
+    ) -> Result<Vec<*const u8>> {
+        let mut all = Vec::with_capacity(self.area.len());
+        self.exchange(
+            w,
+            turn,
+            data,
+            len,
+            |_| true,
+            |_, d| {
+                all.push(d);
+                Ok(())
+            },
+        )?;
+        Ok(all)
+    }
+}
+
+/// Folds rank `r`'s published `data` into `out`, in rank order: rank 0's is copied, every
+/// later one's combined with `plan`'s operator.
+fn fold_in(r: Rank, out: &mut [u8], data: Shared<'_>, plan: &Plan) -> Result<()> {
+    if r == 0 {
+        data.copy_to(out);
+        Ok(())
+    } else {
+        cpu::reduce_shared(out, data, plan.dtype, plan.op.combiner())
+    }
+}
+
+/// What a rank publishes in a turn (see [`AreaPath::exchange`]).
+#[derive(Clone, Copy, Debug)]
+enum Data {
+    /// These bytes, copied into the area by the exchange.
+    Copy(*const u8, usize),
+    /// This many bytes the caller already wrote where [`AreaPath::claim`] said.
+    Claimed(usize),
 }
 
 /// How the ranks go through the area for one call (see [`AreaPath::protocol`]).

@@ -1,7 +1,7 @@
 //! The one-shot all-reduce (small messages): each rank publishes its whole contribution in its
 //! area buffer and folds everybody's, in rank order.
 
-use super::{AreaPath, Waiter};
+use super::{AreaPath, Data, Waiter, fold_in};
 use crate::algo::Plan;
 use crate::error::Result;
 use crate::reduce::cpu;
@@ -18,23 +18,25 @@ impl AreaPath {
         output: (*mut u8, usize),
     ) -> Result<()> {
         let bytes = plan.count * plan.dtype.size();
-        self.exchange(w, turn, (input.0, bytes), bytes, |r, published| {
-            // SAFETY: `output` holds `bytes` writable bytes; the published buffer holds `bytes`
-            // readable bytes (area memory, mapped while the area lives, never the caller's),
-            // which its owner leaves alone until this rank publishes `turn + 1`.
-            let (out, data) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(output.0, bytes),
-                    Shared::new(published, bytes),
-                )
-            };
-            if r == 0 {
-                data.copy_to(out);
-            } else {
-                cpu::reduce_shared(out, data, plan.dtype, plan.op.combiner())?;
-            }
-            Ok(())
-        })?;
+        self.exchange(
+            w,
+            turn,
+            Data::Copy(input.0, bytes),
+            bytes,
+            |_| true,
+            |r, published| {
+                // SAFETY: `output` holds `bytes` writable bytes; the published buffer holds `bytes`
+                // readable bytes (area memory, mapped while the area lives, never the caller's),
+                // which its owner leaves alone until this rank publishes `turn + 1`.
+                let (out, data) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(output.0, bytes),
+                        Shared::new(published, bytes),
+                    )
+                };
+                fold_in(r, out, data, plan)
+            },
+        )?;
         let n = self.area.len();
         if plan.op == ReduceOp::Avg && n > 1 {
             // SAFETY: as above.

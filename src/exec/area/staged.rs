@@ -13,7 +13,7 @@
 //!   the piece of its own block from everybody's.
 
 use super::two_shot::{FOLD_BYTES, STAGED_STREAM_MIN};
-use super::{AreaPath, Blocks, Waiter};
+use super::{AreaPath, Blocks, Data, Waiter, fold_in};
 use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
@@ -65,11 +65,13 @@ impl AreaPath {
     ) -> Result<()> {
         let ours = if len > 0 {
             // SAFETY: our block holds `at + len` bytes (`Blocks::of`).
-            (unsafe { b.src.add(at) }, len)
+            Data::Copy(unsafe { b.src.add(at) }, len)
         } else {
-            ([].as_ptr(), 0)
+            Data::Copy([].as_ptr(), 0)
         };
-        self.exchange(w, turn, ours, len, |r, data| {
+        // Ranks with an output read everybody's (a gather's others read nobody's).
+        let reads = |_| !b.dst.is_null();
+        self.exchange(w, turn, ours, len, reads, |r, data| {
             if len == 0 || b.dst.is_null() || (r == self.rank && b.in_place) {
                 return Ok(());
             }
@@ -99,22 +101,30 @@ impl AreaPath {
         len: usize,
     ) -> Result<()> {
         let (me, root) = (self.rank, plan.root);
+        let mut ours = Data::Copy([].as_ptr(), 0);
         if me == root && len > 0 {
-            self.stage_blocks(turn, b, at, len);
+            ours = self.stage_blocks(w, turn, b, at, len)?;
             if !b.in_place {
                 // SAFETY: our input's block and our output hold `at + len` bytes and do not
                 // overlap out of place.
                 unsafe { copy_out(b.src.add(me * b.block + at), b.dst.add(at), len, b.block) };
             }
         }
-        // The root's publication says its copies are there.
+        // The root's publication says its copies are there; the others read only the root's.
         let mut theirs = std::ptr::null();
-        self.exchange(w, turn, ([].as_ptr(), 0), len, |r, data| {
-            if r == root {
-                theirs = data;
-            }
-            Ok(())
-        })?;
+        self.exchange(
+            w,
+            turn,
+            ours,
+            len,
+            |r| r == root,
+            |r, data| {
+                if r == root {
+                    theirs = data;
+                }
+                Ok(())
+            },
+        )?;
         if me != root && len > 0 {
             // SAFETY: our output holds `at + len` bytes; the root's area buffer holds our
             // block's piece, left alone until this rank publishes `turn + 1`.
@@ -136,8 +146,9 @@ impl AreaPath {
     ) -> Result<()> {
         let (n, me) = (self.area.len(), self.rank);
         let total = b.block * n;
+        let mut ours = Data::Copy([].as_ptr(), 0);
         if len > 0 {
-            self.stage_blocks(turn, b, at, len);
+            ours = self.stage_blocks(w, turn, b, at, len)?;
             if !b.in_place {
                 // SAFETY: our input's and output's block `me` hold `at + len` bytes and do
                 // not overlap out of place.
@@ -151,11 +162,7 @@ impl AreaPath {
                 };
             }
         }
-        let mut all = Vec::with_capacity(n);
-        self.exchange(w, turn, ([].as_ptr(), 0), len, |_, data| {
-            all.push(data);
-            Ok(())
-        })?;
+        let all = self.exchange_all(w, turn, ours, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -186,18 +193,26 @@ impl AreaPath {
                 unsafe { copy_out(b.src.add(at), b.dst.add(at), len, b.block) };
             }
             // SAFETY: as above.
-            (unsafe { b.src.add(at) }, len)
+            Data::Copy(unsafe { b.src.add(at) }, len)
         } else {
-            ([].as_ptr(), 0)
+            Data::Copy([].as_ptr(), 0)
         };
-        self.exchange(w, turn, ours, len, |r, data| {
-            if r == plan.root && !root && len > 0 {
-                // SAFETY: our output holds `at + len` bytes; `data` is the root's area
-                // buffer, holding them until this rank publishes `turn + 1`.
-                unsafe { copy_out(data, b.dst.add(at), len, b.block) };
-            }
-            Ok(())
-        })
+        // The others read the root's; the root reads nobody's (and may run ahead).
+        self.exchange(
+            w,
+            turn,
+            ours,
+            len,
+            |r| r == plan.root,
+            |r, data| {
+                if r == plan.root && !root && len > 0 {
+                    // SAFETY: our output holds `at + len` bytes; `data` is the root's area
+                    // buffer, holding them until this rank publishes `turn + 1`.
+                    unsafe { copy_out(data, b.dst.add(at), len, b.block) };
+                }
+                Ok(())
+            },
+        )
     }
 
     /// One piece of a reduce: every rank publishes `len` bytes at `at` of its input; the root
@@ -214,31 +229,34 @@ impl AreaPath {
         let root = self.rank == plan.root;
         let ours = if len > 0 {
             // SAFETY: our input holds `at + len` bytes.
-            (unsafe { b.src.add(at) }, len)
+            Data::Copy(unsafe { b.src.add(at) }, len)
         } else {
-            ([].as_ptr(), 0)
+            Data::Copy([].as_ptr(), 0)
         };
-        self.exchange(w, turn, ours, len, |r, data| {
-            if !root || len == 0 {
-                return Ok(());
-            }
-            // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
-            // already published (copied into the area), so nothing reads it any more. `data`
-            // is area memory (mapped while the area lives), disjoint, left alone by its owner
-            // until this rank publishes `turn + 1`.
-            let (out, data) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(b.dst.add(at), len),
-                    Shared::new(data, len),
-                )
-            };
-            if r == 0 {
-                data.copy_to(out);
-            } else {
-                cpu::reduce_shared(out, data, plan.dtype, plan.op.combiner())?;
-            }
-            Ok(())
-        })?;
+        // The root reads everybody's; the others read nobody's (and may run ahead).
+        self.exchange(
+            w,
+            turn,
+            ours,
+            len,
+            |_| root,
+            |r, data| {
+                if !root || len == 0 {
+                    return Ok(());
+                }
+                // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
+                // already published (copied into the area), so nothing reads it any more. `data`
+                // is area memory (mapped while the area lives), disjoint, left alone by its owner
+                // until this rank publishes `turn + 1`.
+                let (out, data) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(b.dst.add(at), len),
+                        Shared::new(data, len),
+                    )
+                };
+                fold_in(r, out, data, plan)
+            },
+        )?;
         if root && plan.op == ReduceOp::Avg && len > 0 {
             // SAFETY: as above.
             let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
@@ -258,15 +276,12 @@ impl AreaPath {
         len: usize,
     ) -> Result<()> {
         let (n, me) = (self.area.len(), self.rank);
+        let mut ours = Data::Copy([].as_ptr(), 0);
         if len > 0 {
-            self.stage_blocks(turn, b, at, len);
+            ours = self.stage_blocks(w, turn, b, at, len)?;
         }
         // The publication says the copies are there.
-        let mut all = Vec::with_capacity(n);
-        self.exchange(w, turn, ([].as_ptr(), 0), len, |_, data| {
-            all.push(data);
-            Ok(())
-        })?;
+        let all = self.exchange_all(w, turn, ours, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -321,9 +336,17 @@ impl AreaPath {
     /// Copies `len` bytes at `at` of every peer's block of our input into our area buffer for
     /// `turn`, block `q`'s at `q · len`: what a rank publishes when every peer gets a piece of
     /// its own.
-    fn stage_blocks(&self, turn: u64, b: &Blocks, at: usize, len: usize) {
+    fn stage_blocks(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        b: &Blocks,
+        at: usize,
+        len: usize,
+    ) -> Result<Data> {
         let (n, me) = (self.area.len(), self.rank);
-        let mine = self.area.my_buffer(turn);
+        let bytes = n * len;
+        let mine = self.claim(w, turn, bytes)?;
         for q in (0..n).filter(|&q| q != me) {
             // SAFETY: our input holds every block (`Blocks::of`); our buffer holds AREA_BYTES ≥
             // n · len (pieces are cut so) and is ours to write (see `exchange`).
@@ -331,6 +354,7 @@ impl AreaPath {
                 std::ptr::copy_nonoverlapping(b.src.add(q * b.block + at), mine.add(q * len), len)
             };
         }
+        Ok(Data::Claimed(bytes))
     }
 }
 

@@ -1,7 +1,7 @@
 //! The two-shot all-reduce (everything the other ways do not take), one area turn per piece:
 //! reduce-scatter then all-gather through the ranks' area buffers, user-space copies only.
 
-use super::{AreaPath, Waiter, slicer};
+use super::{AreaPath, Data, Waiter, slicer};
 use crate::algo::Plan;
 use crate::error::Result;
 use crate::reduce::cpu;
@@ -37,7 +37,7 @@ impl AreaPath {
         let (n, me) = (self.area.len(), self.rank);
         let size = plan.dtype.size();
         let slice = slicer(bytes / size, n, size);
-        let mine = self.area.my_buffer(turn);
+        let mine = self.claim(w, turn, bytes)?;
         for q in (0..n).filter(|&q| q != me) {
             let (lo, hi) = slice(q);
             // SAFETY: `input` holds `bytes` bytes and the buffer AREA_BYTES ≥ `bytes` (pieces
@@ -45,11 +45,7 @@ impl AreaPath {
             unsafe { std::ptr::copy_nonoverlapping(input.add(lo), mine.add(lo), hi - lo) };
         }
         // The publication says the copies are there.
-        let mut all = Vec::with_capacity(n);
-        self.exchange(w, turn, ([].as_ptr(), 0), bytes, |_, data| {
-            all.push(data);
-            Ok(())
-        })?;
+        let all = self.exchange_all(w, turn, Data::Claimed(bytes), bytes)?;
         let stream = !in_place && plan.count * size >= STAGED_STREAM_MIN;
         let copy_out = |at: usize, from: *const u8, len: usize| {
             // SAFETY: `output` holds `bytes` bytes and this range is ours to write (`input`, if

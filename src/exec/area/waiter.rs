@@ -65,6 +65,13 @@ impl<'a> Waiter<'a> {
         now
     }
 
+    /// Fails the communicator because of `e`, and says so in the area (peers that run ahead
+    /// without waiting for this rank look there).
+    pub(super) fn fail(&mut self, e: &Error) {
+        self.area.fail();
+        self.engine.fail_outside(e);
+    }
+
     /// When the call times out.
     fn deadline(&self) -> Instant {
         self.started.unwrap_or_else(Instant::now) + self.timeout
@@ -115,7 +122,7 @@ impl<'a> Waiter<'a> {
             op: self.name.to_string(),
             cause: "it gave up this call (failed, timed out or aborted)".into(),
         };
-        self.engine.fail_outside(&e);
+        self.fail(&e);
         e
     }
 
@@ -160,7 +167,7 @@ impl<'a> Waiter<'a> {
             let now = self.waited(Instant::now());
             let phase = backoff.phase(now);
             if let Some(e) = self.flag_error(now, Some(blocker)) {
-                self.engine.fail_outside(&e);
+                self.fail(&e);
                 return Err(e);
             }
             if now - self.checked.unwrap_or(now) >= CHECK_EVERY {

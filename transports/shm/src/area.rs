@@ -1,19 +1,24 @@
 //! The group area: one small segment per rank, mapped by every rank of the host, where a
 //! collective can be done in one step without messages — each rank publishes its contribution
-//! in its own buffer, and every rank reads everybody's. This module is the memory layout and
+//! in its own segment, and every rank reads what it needs. This module is the memory layout and
 //! the publish/observe protocol; what is computed lives in oxccl's executor.
 //!
-//! Each rank's segment holds two buffers, used alternately by sequence number:
+//! Each rank's segment holds a ring of [`SLOTS`] small slots, one per turn (`seq % SLOTS`),
+//! and two large buffers used alternately (`seq % 2`) by turns whose data does not fit a slot:
 //!
-//! - writer (owner): writes data and descriptor, then stores `seq + 1` into the buffer's stamp
-//!   (release);
+//! - writer (owner): writes data (in the slot, or in the large buffer) and descriptor, then
+//!   stores `seq + 1` into the slot's stamp (release);
 //! - readers: acquire-load the stamp; once it equals `seq + 1` the descriptor and data are
 //!   theirs to read, until they publish `seq + 1` themselves.
 //!
-//! Every rank reads every buffer of `seq` before it publishes `seq + 1`, and observes every
-//! rank's `seq + 1` before it writes `seq + 2` into the buffer `seq` used; so a writer never
-//! waits for its readers, and a small collective costs one cache-line transfer per peer: stamp,
-//! length, the descriptor's tag and the first 40 bytes of data share one line.
+//! A rank reads what it needs of turn `seq` before it publishes `seq + 1`. Before it writes turn
+//! `seq`, its owner makes sure that every rank has published `seq - LAG` (so, with
+//! `SLOTS = 2 · LAG`, has finished with the slot, and its descriptor of that turn is still
+//! there to check), and for a large buffer that every rank has published `seq - 1`. So a rank
+//! that reads nothing from a peer in a turn (a broadcast's root, a reduce's other ranks) runs
+//! up to [`LAG`] turns ahead of it instead of waiting for it every call, and a small collective
+//! costs one cache-line transfer per peer read: stamp, length, the descriptor's tag and the
+//! first 40 bytes of data share one line.
 //!
 //! A direct collective (peers read each other's memory) also uses the `progress` word (parts
 //! of this rank's slice done) and the `done` counter (finished reading everybody's memory), and
@@ -30,31 +35,45 @@ use crate::cma::Process;
 use crate::primitive::{AtomicU64, Ordering};
 use crate::segment::Segment;
 
-/// Bytes of data each area buffer holds.
+/// Bytes of data each large area buffer holds.
 pub const AREA_BYTES: usize = 4 << 20;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR3");
+/// Bytes of data a slot holds: publications up to this size go in the turn's slot, larger
+/// ones in a large buffer.
+pub const SLOT_BYTES: usize = 4096;
+
+/// Small slots per rank, one per turn in a ring.
+pub const SLOTS: u64 = 16;
+
+/// How many turns a rank may run ahead of a peer it reads nothing from (`SLOTS / 2`: a
+/// writer that checks every rank's descriptor of turn `seq - LAG` before it writes turn
+/// `seq` finds it still there).
+pub const LAG: u64 = SLOTS / 2;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR4");
 
 /// Bytes of the descriptor each buffer carries (what its owner called).
 pub const DESC_BYTES: usize = 48;
 
-/// One buffer's head: stamp, length and the descriptor's tag, followed in the same cache line
+/// One slot's head: stamp, length and the descriptor's tag, followed in the same cache line
 /// by the first 40 bytes of data; the full descriptor lies after the data (read only when tags
 /// differ, to say how).
 #[repr(C, align(64))]
 struct BufferHead {
     /// `seq + 1` once the data of collective `seq` is published; 0 before any.
     stamp: AtomicU64,
-    /// Data length in bytes.
+    /// Data length in bytes, with [`IN_BUFFER`] set when the data is in the large buffer.
     len: AtomicU64,
     /// [`tag`] of what the owner called at `seq`.
     tag: AtomicU64,
 }
 
-/// Where a buffer's data starts, from its head.
+/// Where a slot's data starts, from its head.
 const HEAD: usize = 24;
-/// A buffer's span: head, data, full descriptor, rounded to cache lines.
-const BUFFER: usize = (HEAD + AREA_BYTES + DESC_BYTES).next_multiple_of(64);
+/// A slot's span: head, data, full descriptor, rounded to cache lines.
+const SLOT: usize = (HEAD + SLOT_BYTES + DESC_BYTES).next_multiple_of(64);
+/// The bit of a head's `len` that says the data lies in the turn's large buffer.
+const IN_BUFFER: u64 = 1 << 63;
 
 /// A 64-bit digest of a descriptor: equal descriptors have equal tags; a difference in any one
 /// word always changes it (each step is a bijection of the running value).
@@ -78,6 +97,9 @@ struct AreaHeader {
     touching: CachePadded<AtomicU64>,
     /// `seq + 1` of the direct collective this rank gave up (peers stop touching its memory).
     abandoned: CachePadded<AtomicU64>,
+    /// Nonzero once this rank's communicator failed (an error, or abort()): a peer that runs
+    /// ahead without waiting for it looks here every call.
+    failed: CachePadded<AtomicU64>,
     /// Where peers waiting on this rank sleep.
     bell: CachePadded<Bell>,
 }
@@ -97,8 +119,12 @@ const PROGRESS_BITS: u32 = 24;
 /// Most parts a direct collective may publish progress for.
 pub const MAX_PARTS: u64 = (1 << PROGRESS_BITS) - 1;
 
+fn slot_offset(k: usize) -> usize {
+    size_of::<AreaHeader>().next_multiple_of(128) + k * SLOT
+}
+
 fn buffer_offset(b: usize) -> usize {
-    size_of::<AreaHeader>().next_multiple_of(128) + b * BUFFER
+    slot_offset(SLOTS as usize).next_multiple_of(4096) + b * AREA_BYTES
 }
 
 fn area_len() -> usize {
@@ -152,22 +178,32 @@ impl AreaSegment {
         unsafe { &*self.seg.as_ptr().cast::<AreaHeader>() }
     }
 
-    fn head(&self, b: usize) -> &BufferHead {
-        // SAFETY: buffer heads lie inside the mapping (its length was checked), 64-aligned.
-        unsafe { &*self.seg.as_ptr().add(buffer_offset(b)).cast::<BufferHead>() }
+    /// The head of the slot of turn `seq`.
+    fn head(&self, seq: u64) -> &BufferHead {
+        let k = (seq % SLOTS) as usize;
+        // SAFETY: slot heads lie inside the mapping (its length was checked), 64-aligned.
+        unsafe { &*self.seg.as_ptr().add(slot_offset(k)).cast::<BufferHead>() }
     }
 
-    fn data(&self, b: usize) -> *mut u8 {
-        // SAFETY: the data follows the head inside the mapping.
-        unsafe { self.seg.as_ptr().add(buffer_offset(b) + HEAD) }
+    /// Where the data of turn `seq` lies: in its slot, or in its large buffer.
+    fn data(&self, seq: u64, in_buffer: bool) -> *mut u8 {
+        let at = if in_buffer {
+            buffer_offset((seq % 2) as usize)
+        } else {
+            slot_offset((seq % SLOTS) as usize) + HEAD
+        };
+        // SAFETY: slots and buffers lie inside the mapping.
+        unsafe { self.seg.as_ptr().add(at) }
     }
 
-    fn desc(&self, b: usize) -> *mut [u8; DESC_BYTES] {
+    /// The descriptor of turn `seq`, in its slot after the slot's data.
+    fn desc(&self, seq: u64) -> *mut [u8; DESC_BYTES] {
+        let k = (seq % SLOTS) as usize;
         // SAFETY: the descriptor follows the data inside the mapping (byte-aligned type).
         unsafe {
             self.seg
                 .as_ptr()
-                .add(buffer_offset(b) + HEAD + AREA_BYTES)
+                .add(slot_offset(k) + HEAD + SLOT_BYTES)
                 .cast()
         }
     }
@@ -184,6 +220,28 @@ pub struct Area {
     /// proven to be the rank's).
     readable: Vec<bool>,
     direct: bool,
+    /// Whether this process is registered for the kernel's global memory barrier
+    /// ([`fenced_by_sleepers`]): then a change costs waking nobody no fence.
+    light: bool,
+}
+
+/// Whether sleepers fence for wakers here: this process is registered for
+/// `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` (Linux 4.16 on), so a sleeper's call runs a
+/// full memory barrier on every running thread of every registered process. A rank that
+/// changes a word peers may sleep on then only needs its stores kept in order before it loads
+/// the sleeper count (the pattern is asymmetric Dekker: the rare side, going to sleep, pays
+/// for both). Without it, every change pays a locked instruction, which waits for the store
+/// of the change itself to reach the peer spinning on it: on 2 ranks that was half the cost
+/// of an 8-byte broadcast. Registered once per process; ranks of one host share the kernel,
+/// so all of them agree (one that did not register fences as before; a peer's missed
+/// wake-up would then cost a nap, never correctness: every sleep has a timeout).
+fn fenced_by_sleepers() -> bool {
+    use rustix::thread::{MembarrierCommand, MembarrierQuery, membarrier, membarrier_query};
+    static LIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LIGHT.get_or_init(|| {
+        membarrier_query().contains(MembarrierQuery::GLOBAL_EXPEDITED)
+            && membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok()
+    })
 }
 
 /// What a published buffer holds.
@@ -223,6 +281,7 @@ impl Area {
             processes,
             readable,
             direct,
+            light: fenced_by_sleepers(),
         }
     }
 
@@ -326,44 +385,52 @@ impl Area {
         self.segments.is_empty()
     }
 
-    /// This rank's buffer for `seq`, to fill before [`Area::publish`] (at most [`AREA_BYTES`];
-    /// writable once this rank has observed every rank's publication of `seq - 1`).
-    pub fn my_buffer(&self, seq: u64) -> *mut u8 {
-        self.segments[self.rank].data((seq % 2) as usize)
+    /// Whether `bytes` of data for one turn go in the large buffer rather than the slot.
+    pub fn in_buffer(bytes: usize) -> bool {
+        bytes > SLOT_BYTES
     }
 
-    /// Publishes this rank's buffer for `seq`: `len` bytes of data (written to
-    /// [`Area::my_buffer`]) and a descriptor.
-    pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize) {
+    /// This rank's place for `bytes` (at most [`AREA_BYTES`]) of data of turn `seq`, to fill
+    /// before [`Area::publish`]: the turn's slot, or ([`Area::in_buffer`]) its large buffer.
+    /// Writable once every rank has published `seq - LAG` ([`Area::published`]), and for a
+    /// large buffer `seq - 1`.
+    pub fn my_buffer(&self, seq: u64, bytes: usize) -> *mut u8 {
+        self.segments[self.rank].data(seq, Area::in_buffer(bytes))
+    }
+
+    /// Publishes this rank's turn `seq`: a descriptor, the length of the call's data `len`, and
+    /// `bytes` of data written to [`Area::my_buffer`] (given the same `bytes`).
+    pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize, bytes: usize) {
         let s = &self.segments[self.rank];
-        let b = (seq % 2) as usize;
-        // SAFETY: this rank owns its buffer until it stamps it; peers read the descriptor only
+        // SAFETY: this rank owns its slot until it stamps it; peers read the descriptor only
         // after acquiring the stamp stored below.
-        unsafe { s.desc(b).write(*desc) };
-        let h = s.head(b);
+        unsafe { s.desc(seq).write(*desc) };
+        let h = s.head(seq);
+        let flag = if Area::in_buffer(bytes) { IN_BUFFER } else { 0 };
         h.tag.store(tag, Ordering::Relaxed);
-        h.len.store(len as u64, Ordering::Relaxed);
+        h.len
+            .store(len as u64 & !IN_BUFFER | flag, Ordering::Relaxed);
         h.stamp.store(seq + 1, Ordering::Release);
         self.ring();
     }
 
-    /// Rank `r`'s buffer for `seq` if it is published (valid until every rank has published
-    /// `seq + 1`). A stamp beyond `seq` means `r` is already further: `Err`.
+    /// Rank `r`'s publication of turn `seq` if it is there (its data valid until this rank
+    /// publishes `seq + 1`; its descriptor until every rank has published `seq + LAG`). A stamp
+    /// beyond `seq` means `r` is already further: `Err`.
     pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
         let s = &self.segments[r];
-        let b = (seq % 2) as usize;
-        let h = s.head(b);
+        let h = s.head(seq);
         let stamp = h.stamp.load(Ordering::Acquire);
         if stamp == seq + 1 {
             // Not clamped: a direct collective publishes its message length, larger than the
             // buffer, with addresses as data; readers check it against their own call first.
-            let len = h.len.load(Ordering::Relaxed) as usize;
+            let len = h.len.load(Ordering::Relaxed);
             let tag = h.tag.load(Ordering::Relaxed);
             return Ok(Some(Published {
                 tag,
-                desc: s.desc(b),
-                data: s.data(b),
-                len,
+                desc: s.desc(seq),
+                data: s.data(seq, len & IN_BUFFER != 0),
+                len: (len & !IN_BUFFER) as usize,
             }));
         }
         if stamp > seq + 1 {
@@ -371,6 +438,12 @@ impl Area {
         } else {
             Ok(None)
         }
+    }
+
+    /// Whether rank `r` has published turn `seq` (and so every turn before it).
+    pub fn published(&self, r: usize, seq: u64) -> bool {
+        // A slot's stamps only grow: a later turn in the same slot is later still.
+        self.segments[r].head(seq).stamp.load(Ordering::Acquire) > seq
     }
 
     /// Says this rank may touch peers' memory in direct collective `seq` from now on. Look at
@@ -408,6 +481,22 @@ impl Area {
         self.ring();
     }
 
+    /// Says this rank's communicator failed: peers fail their next call through the area.
+    pub fn fail(&self) {
+        self.segments[self.rank]
+            .header()
+            .failed
+            .store(1, Ordering::Release);
+        self.ring();
+    }
+
+    /// The first other rank whose communicator failed ([`Area::fail`]), if any.
+    pub fn failed_peer(&self) -> Option<usize> {
+        (0..self.segments.len()).find(|&r| {
+            r != self.rank && self.segments[r].header().failed.load(Ordering::Acquire) != 0
+        })
+    }
+
     /// The first rank that gave up direct collective `seq`, if any.
     pub fn abandoned(&self, seq: u64) -> Option<usize> {
         self.segments
@@ -426,8 +515,15 @@ impl Area {
 
     /// Wakes peers sleeping on this rank (after a change they may wait for).
     fn ring(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
+        use std::sync::atomic::Ordering::{Relaxed, SeqCst};
         let bell = &self.segments[self.rank].header().bell;
+        if self.light {
+            // Sleepers fence for us (`fenced_by_sleepers`): keep the change before the load.
+            std::sync::atomic::compiler_fence(SeqCst);
+            if bell.sleepers.load(Relaxed) == 0 {
+                return;
+            }
+        }
         bell.event.fetch_add(1, SeqCst);
         if bell.sleepers.load(SeqCst) > 0 {
             let _ = rustix::thread::futex::wake(
@@ -444,6 +540,12 @@ impl Area {
         use std::sync::atomic::Ordering::SeqCst;
         let bell = &self.segments[r].header().bell;
         bell.sleepers.fetch_add(1, SeqCst);
+        if self.light {
+            // Every registered thread now runs a full barrier: `r` either sees us sleeping
+            // from here on, or made its change visible before this returns (Dekker's pattern
+            // with the owner's `ring`, the fence on this side only).
+            let _ = rustix::thread::membarrier(rustix::thread::MembarrierCommand::GlobalExpedited);
+        }
         // A change after this load changes `event`, so the wait below returns at once; a change
         // before it is seen by `ready` (Dekker's pattern with the owner's `ring`).
         let seen = bell.event.load(SeqCst);

@@ -497,7 +497,7 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
 
 /// Two calls in which neither rank reads the other's data (a broadcast's root against a
 /// reduce's other rank) fail anyway: each rank checks the other's descriptors `LAG` calls
-/// later, and fails then, on both ranks.
+/// later; the first to do so reports the mismatch, and both fail by then.
 #[test]
 fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
@@ -517,9 +517,15 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
         })();
         (res, calls)
     });
+    let mut mismatches = 0;
     for (r, ((res, calls), took)) in results.into_iter().enumerate() {
+        // The first to check finds the mismatch; the other may first see that it failed.
         match res {
-            Err(Error::Mismatch { rank, peer, .. }) => assert_eq!((rank, peer), (r, 1 - r)),
+            Err(Error::Mismatch { rank, peer, .. }) => {
+                assert_eq!((rank, peer), (r, 1 - r));
+                mismatches += 1;
+            }
+            Err(Error::PeerFailed { rank, peer, .. }) => assert_eq!((rank, peer), (r, 1 - r)),
             other => panic!("rank {r}: expected a mismatch, got {other:?}"),
         }
         assert!(
@@ -528,6 +534,70 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
         );
         assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
     }
+    assert!(mismatches >= 1, "nobody reported the mismatch");
+}
+
+/// A rank that reads nothing from its peers (a reduce's other rank) goes on to a call on the
+/// links while the root still waits for a third, slow rank: its descriptor on the root's link
+/// is the next call's, not a mismatch.
+#[test]
+fn a_rank_ahead_on_the_links_is_not_a_mismatch() {
+    let n = 3;
+    let comms = shm(n, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| -> Result<(), String> {
+        let me = c.rank();
+        if me == 2 {
+            // Longer than the root's look at the links (every millisecond).
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        let mine = [me as f32 + 1.0; 4];
+        let mut out = [0.0f32; 4];
+        c.reduce(&mine, &mut out, ReduceOp::Sum, 1)
+            .map_err(|e| format!("reduce: {e}"))?;
+        if me == 1 && out != [6.0; 4] {
+            return Err(format!("rank 1: reduce gave {out:?}"));
+        }
+        c.barrier().map_err(|e| format!("barrier: {e}"))
+    });
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// A rank that ran ahead of its peer (a broadcast's root) and then drops its communicator
+/// leaves its data for the peer: the peer's calls, made later, all succeed.
+#[test]
+fn a_rank_that_ran_ahead_and_left_leaves_its_data_behind() {
+    // A short heartbeat: a peer that is gone is declared failed within 100 ms.
+    let config = Config::default()
+        .timeout(Duration::from_secs(60))
+        .heartbeat(Some(Duration::from_millis(100)));
+    let mut comms = shm(2, config);
+    let late = comms.pop().expect("rank 1");
+    let early = comms.pop().expect("rank 0");
+    let calls = LAG as usize / 2;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for k in 0..calls {
+                let mut buf = [k as f32; 16];
+                early.broadcast_in_place(&mut buf, 0).expect("root");
+            }
+            drop(early);
+        });
+        let got = s.spawn(move || {
+            // Long enough for this rank to declare the peer failed, were it gone.
+            std::thread::sleep(Duration::from_millis(500));
+            (0..calls)
+                .map(|_| {
+                    let mut buf = [-1.0f32; 16];
+                    late.broadcast_in_place(&mut buf, 0).map(|()| buf[15])
+                })
+                .collect::<Vec<_>>()
+        });
+        let got = got.join().expect("rank 1");
+        let want: Vec<Result<f32, Error>> = (0..calls).map(|k| Ok(k as f32)).collect();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    });
 }
 
 #[test]

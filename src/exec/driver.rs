@@ -483,6 +483,9 @@ impl Engine {
                 r
             }
         };
+        if self.broken.is_some() {
+            area.fail();
+        }
         self.area = Some(area);
         r
     }
@@ -953,8 +956,12 @@ impl Engine {
             return;
         }
         self.broken = Some(why.clone());
-        // Peers that run ahead through the area without waiting for this rank look there.
-        if let Some(area) = &self.area {
+        // Peers that run ahead through the area without waiting for this rank look there (a
+        // failure, not a shutdown: a rank that leaves after its last call has published all it
+        // owes; `area_op` says it for failures during an area call, when the area is out).
+        if notice.is_some()
+            && let Some(area) = &self.area
+        {
             area.fail();
         }
         for link in self.links.iter_mut().flatten() {
@@ -1043,6 +1050,16 @@ impl Engine {
 
     /// Fails everything and closes every connection (the communicator is being dropped).
     pub fn shutdown(&mut self, why: &str) {
+        // Peers that read from this rank's area may be up to `LAG` turns behind it: they find
+        // what they need there whether or not this rank is alive, but would take its closed
+        // links for a failure. So a rank that did not fail leaves once every peer has reached
+        // its last turn (or died, failed, or the timeout passed).
+        if self.broken.is_none()
+            && self.area_turns > 0
+            && let Some(area) = &self.area
+        {
+            area.settle(self.area_turns - 1, self.timeout);
+        }
         self.fail(None, why.into(), None);
         for link in self.links.iter_mut().flatten() {
             link.close();

@@ -19,15 +19,16 @@ impl Engine {
     /// descriptor waiting on the link). On any of these the communicator fails, peers are
     /// told, and the error is returned.
     ///
-    /// A descriptor waiting on a link is a mismatch only if `settled` says that what this
-    /// rank waits for has still not happened: a peer that finished this collective (everything
-    /// any rank waits for in it happened before) may already have started the next one, whose
-    /// descriptor then stays on the link for the engine.
+    /// A descriptor waiting on a peer's link is a mismatch only if `settled(peer)` says that
+    /// the peer has not finished this collective's part that this rank waits on: a peer that
+    /// finished it (through the area, one that published this turn with our descriptor: it
+    /// may read nothing from a rank this one still waits for) may already have started the
+    /// next call, whose descriptor then stays on the link for the engine.
     pub(super) fn check_outside(
         &mut self,
         name: &OpName,
         ours: &Descriptor,
-        settled: &mut dyn FnMut() -> bool,
+        settled: &mut dyn FnMut(Rank) -> bool,
     ) -> Result<()> {
         let mut found: Option<Error> = self.flags.lost().map(|(peer, cause)| Error::PeerFailed {
             rank: self.rank,
@@ -70,9 +71,9 @@ impl Engine {
                 break;
             }
             if link.has_incoming() {
-                if settled() {
-                    // The peer is ahead; this rank is about to go on.
-                    return Ok(());
+                if settled(peer) {
+                    // The peer is ahead, rightly.
+                    continue;
                 }
                 let theirs = self.read_descriptor(peer);
                 let e = Error::Mismatch {

@@ -101,6 +101,53 @@ impl AreaPath {
         }
     }
 
+    /// Before this rank leaves: waits until every peer has published turn `last` (this
+    /// rank's last), or died, or failed, or `timeout` passed, and logs a mismatch of their
+    /// descriptors with ours not checked yet (it can no longer be returned).
+    pub fn settle(&self, last: u64, timeout: Duration) {
+        let until = std::time::Instant::now() + timeout;
+        for r in (0..self.area.len()).filter(|&r| r != self.rank) {
+            let mut spins = 0u32;
+            while !self.area.published(r, last) {
+                if !self.area.peer_alive(r)
+                    || self.area.failed_peer().is_some()
+                    || std::time::Instant::now() >= until
+                {
+                    tracing::warn!(
+                        rank = self.rank,
+                        peer = r,
+                        turn = last,
+                        "leaving before a peer reached this rank's last call through the area"
+                    );
+                    return;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::thread::yield_now();
+                } else {
+                    let nap = Duration::from_millis(1);
+                    self.area.sleep_on(r, nap, || self.area.published(r, last));
+                }
+            }
+            let from = self.checked[r].load(Ordering::Relaxed);
+            for t in from..=last {
+                let (theirs, ours) = (self.area.observe(r, t), self.area.observe(self.rank, t));
+                if let (Ok(Some(p)), Ok(Some(o))) = (theirs, ours)
+                    && (p.tag != o.tag || p.len != o.len)
+                {
+                    tracing::error!(
+                        rank = self.rank,
+                        peer = r,
+                        turn = t,
+                        "a collective through the area did not match the peer's (found as this \
+                         rank leaves; it returned success here)"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
     /// Says in the area that this rank's communicator failed (see [`Area::fail`]).
     pub fn fail(&self) {
         self.area.fail();
@@ -234,6 +281,7 @@ impl AreaPath {
     /// there: every rank has published turn `turn - LAG` (their descriptors up to it checked
     /// against ours), and for a large buffer `turn - 1`.
     fn claim(&self, w: &mut Waiter<'_>, turn: u64, bytes: usize) -> Result<*mut u8> {
+        w.turn = turn;
         if turn >= LAG {
             self.catch_up(w, turn, turn - LAG)?;
         }
@@ -326,9 +374,10 @@ impl AreaPath {
     ///
     /// Ranks this rank reads nothing from are neither waited for nor checked here: they may
     /// be up to [`LAG`] turns behind, and [`AreaPath::claim`] checks their descriptors later.
-    /// Every collective's readers form a connected graph (a broadcast's ranks read the root,
-    /// a reduce's root reads all), so a mismatch in any turn is still found by some rank
-    /// there, and every rank's within [`LAG`] turns.
+    /// A rank that reads a peer's data checks its descriptor first, so nobody reads data of
+    /// another call. A mismatch between ranks that read nothing from each other in that turn
+    /// (a broadcast's root against a reduce's other rank) is found by `claim` within [`LAG`]
+    /// turns, or logged by [`AreaPath::settle`] when the rank leaves first.
     fn exchange(
         &self,
         w: &mut Waiter<'_>,
@@ -338,6 +387,7 @@ impl AreaPath {
         reads: impl Fn(Rank) -> bool,
         mut each: impl FnMut(Rank, *const u8) -> Result<()>,
     ) -> Result<()> {
+        w.turn = turn;
         let desc: [u8; DESC_BYTES] = w.ours.encode();
         let tag = area::tag(&desc);
         let bytes = match data {

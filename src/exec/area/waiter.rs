@@ -31,6 +31,8 @@ pub(super) struct Waiter<'a> {
     checked: Option<Instant>,
     rank: Rank,
     spin: Duration,
+    /// The area turn this call is at (set as it takes each).
+    pub(super) turn: u64,
 }
 
 impl<'a> Waiter<'a> {
@@ -53,6 +55,7 @@ impl<'a> Waiter<'a> {
             checked: None,
             rank,
             spin,
+            turn: 0,
         }
     }
 
@@ -93,7 +96,8 @@ impl<'a> Waiter<'a> {
         if now - self.checked.unwrap_or(now) >= CHECK_EVERY {
             self.checked = Some(now);
             let area = self.area;
-            self.engine.check_outside(self.name, self.ours, &mut || {
+            // Nobody leaves a direct call before everybody finished it.
+            self.engine.check_outside(self.name, self.ours, &mut |_| {
                 area.unfinished(turn).is_none()
             })?;
         }
@@ -107,7 +111,7 @@ impl<'a> Waiter<'a> {
         let until = Instant::now() + Duration::from_millis(100);
         let area = self.area;
         loop {
-            let settled = &mut || area.unfinished(turn).is_none();
+            let settled = &mut |_| area.unfinished(turn).is_none();
             if let Err(e) = self.engine.check_outside(self.name, self.ours, settled) {
                 return e;
             }
@@ -172,8 +176,18 @@ impl<'a> Waiter<'a> {
             }
             if now - self.checked.unwrap_or(now) >= CHECK_EVERY {
                 self.checked = Some(now);
+                let (area, turn) = (self.area, self.turn);
+                let tag = oxccl_transport_shm::area::tag(&self.ours.encode());
+                // A peer that published this turn as we did has finished what it does in this
+                // call before its next one (it may read nothing from the rank we wait for).
+                let mut settled = |peer| {
+                    ready().is_ok()
+                        || area
+                            .observe(peer, turn)
+                            .is_ok_and(|p| p.is_some_and(|p| p.tag == tag))
+                };
                 self.engine
-                    .check_outside(self.name, self.ours, &mut || ready().is_ok())?;
+                    .check_outside(self.name, self.ours, &mut settled)?;
             }
             match phase {
                 // Still spinning: straight back to looking (the counter above paces it).

@@ -118,6 +118,8 @@ pub struct Engine {
     completions: Vec<(Rank, Completion)>,
     pub(super) polled: Vec<Completion>,
     broken: Option<String>,
+    /// The rank at the root of the failure once `broken` (this one, or a peer).
+    broken_by: Rank,
     timeout: Duration,
     pub(super) flags: Arc<Flags>,
     passes: u64,
@@ -150,6 +152,7 @@ impl Engine {
             completions: Vec::new(),
             polled: Vec::new(),
             broken: None,
+            broken_by: rank,
             timeout,
             flags,
             passes: 0,
@@ -484,7 +487,7 @@ impl Engine {
             }
         };
         if self.broken.is_some() {
-            area.fail();
+            area.fail(self.broken_by);
         }
         self.area = Some(area);
         r
@@ -959,10 +962,11 @@ impl Engine {
         // Peers that run ahead through the area without waiting for this rank look there (a
         // failure, not a shutdown: a rank that leaves after its last call has published all it
         // owes; `area_op` says it for failures during an area call, when the area is out).
-        if notice.is_some()
-            && let Some(area) = &self.area
-        {
-            area.fail();
+        if let Some((origin, _)) = &notice {
+            self.broken_by = *origin;
+            if let Some(area) = &self.area {
+                area.fail(*origin);
+            }
         }
         for link in self.links.iter_mut().flatten() {
             link.cancel();

@@ -148,9 +148,10 @@ impl AreaPath {
         }
     }
 
-    /// Says in the area that this rank's communicator failed (see [`Area::fail`]).
-    pub fn fail(&self) {
-        self.area.fail();
+    /// Says in the area that this rank's communicator failed because of rank `origin` (see
+    /// [`Area::fail`]).
+    pub fn fail(&self, origin: Rank) {
+        self.area.fail(origin);
     }
 
     /// Whether every rank can reach every peer's memory directly (agreed at setup).
@@ -288,18 +289,6 @@ impl AreaPath {
         if Area::in_buffer(bytes) && turn >= 1 {
             self.catch_up(w, turn, turn - 1)?;
         }
-        if let Some(peer) = self.area.failed_peer() {
-            // A rank that reads nothing from `peer` would not wait for it, so would not see
-            // its failure notice: say it here.
-            let e = Error::PeerFailed {
-                rank: self.rank,
-                peer,
-                op: w.name.to_string(),
-                cause: "its communicator failed or was aborted".into(),
-            };
-            w.fail(&e);
-            return Err(e);
-        }
         Ok(self.area.my_buffer(turn, bytes))
     }
 
@@ -430,6 +419,26 @@ impl AreaPath {
                 );
             }
             each(r, p.data)?;
+        }
+        if let Some((peer, origin)) = self.area.failed_peer() {
+            // A rank that reads nothing from `peer` would not wait for it, so would not see
+            // its failure notice: say it here, after what this rank reads was checked (a
+            // mismatch it sees itself is the better error), naming the rank at the root of
+            // the failure as a notice would.
+            let cause = if origin == peer || origin == self.rank {
+                "its communicator failed or was aborted".to_string()
+            } else {
+                format!("reported by rank {peer}, whose communicator failed because of it")
+            };
+            let peer = if origin == self.rank { peer } else { origin };
+            let e = Error::PeerFailed {
+                rank: self.rank,
+                peer,
+                op: w.name.to_string(),
+                cause,
+            };
+            w.fail(&e);
+            return Err(e);
         }
         Ok(())
     }

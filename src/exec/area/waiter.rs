@@ -71,7 +71,11 @@ impl<'a> Waiter<'a> {
     /// Fails the communicator because of `e`, and says so in the area (peers that run ahead
     /// without waiting for this rank look there).
     pub(super) fn fail(&mut self, e: &Error) {
-        self.area.fail();
+        let origin = match e {
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => self.rank,
+        };
+        self.area.fail(origin);
         self.engine.fail_outside(e);
     }
 

@@ -97,8 +97,9 @@ struct AreaHeader {
     touching: CachePadded<AtomicU64>,
     /// `seq + 1` of the direct collective this rank gave up (peers stop touching its memory).
     abandoned: CachePadded<AtomicU64>,
-    /// Nonzero once this rank's communicator failed (an error, or abort()): a peer that runs
-    /// ahead without waiting for it looks here every call.
+    /// Once this rank's communicator failed (an error, or abort()), the rank at the root of
+    /// the failure, plus one (0: none): a peer that runs ahead without waiting for it looks here
+    /// every call.
     failed: CachePadded<AtomicU64>,
     /// Where peers waiting on this rank sleep.
     bell: CachePadded<Bell>,
@@ -481,19 +482,24 @@ impl Area {
         self.ring();
     }
 
-    /// Says this rank's communicator failed: peers fail their next call through the area.
-    pub fn fail(&self) {
-        self.segments[self.rank]
-            .header()
-            .failed
-            .store(1, Ordering::Release);
+    /// Says this rank's communicator failed, `origin` being the rank at the root of the
+    /// failure (this one, or a peer it saw fail): peers fail their next call through the area.
+    pub fn fail(&self, origin: usize) {
+        let h = self.segments[self.rank].header();
+        // The first word stands.
+        let _ =
+            h.failed
+                .compare_exchange(0, origin as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
         self.ring();
     }
 
-    /// The first other rank whose communicator failed ([`Area::fail`]), if any.
-    pub fn failed_peer(&self) -> Option<usize> {
-        (0..self.segments.len()).find(|&r| {
-            r != self.rank && self.segments[r].header().failed.load(Ordering::Acquire) != 0
+    /// The first other rank whose communicator failed ([`Area::fail`]), if any, and the rank
+    /// it named at the root of the failure (itself where what it wrote is not a rank).
+    pub fn failed_peer(&self) -> Option<(usize, usize)> {
+        (0..self.segments.len()).find_map(|r| {
+            let v = self.segments[r].header().failed.load(Ordering::Acquire);
+            let origin = (v as usize).wrapping_sub(1);
+            (r != self.rank && v != 0).then_some((r, if origin < self.len() { origin } else { r }))
         })
     }
 

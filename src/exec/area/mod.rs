@@ -131,10 +131,7 @@ impl AreaPath {
             }
             let from = self.checked[r].load(Ordering::Relaxed);
             for t in from..=last {
-                let (theirs, ours) = (self.area.observe(r, t), self.area.observe(self.rank, t));
-                if let (Ok(Some(p)), Ok(Some(o))) = (theirs, ours)
-                    && (p.tag != o.tag || p.len != o.len)
-                {
+                if let Ok(Some(_)) = self.differs(r, t) {
                     tracing::error!(
                         rank = self.rank,
                         peer = r,
@@ -311,26 +308,51 @@ impl AreaPath {
                 }
             })?;
             while t <= upto || (t < turn && self.area.published(r, t)) {
-                let theirs = self.area.observe(r, t).ok().flatten();
-                let ours = self.area.observe(self.rank, t).ok().flatten();
-                if let (Some(p), Some(o)) = (theirs, ours)
-                    && (p.tag != o.tag || p.len != o.len)
-                {
-                    // SAFETY: both published with the stamps observed, in area memory: read
-                    // once, as a copy (any bytes are a valid array).
-                    let (ours, theirs) = unsafe {
-                        (
-                            oxccl_transport::shared::read(o.desc),
-                            oxccl_transport::shared::read(p.desc),
-                        )
-                    };
-                    return Err(self.mismatch(w, r, &ours, &theirs));
+                match self.differs(r, t) {
+                    Ok(None) => {}
+                    Ok(Some((o, p))) => {
+                        // SAFETY: both published with the stamps observed, in area memory:
+                        // read once, as a copy (any bytes are a valid array).
+                        let (ours, theirs) = unsafe {
+                            (
+                                oxccl_transport::shared::read(o.desc),
+                                oxccl_transport::shared::read(p.desc),
+                            )
+                        };
+                        return Err(self.mismatch(w, r, &ours, &theirs));
+                    }
+                    Err(later) => {
+                        // Nobody overwrites a turn this rank has not checked (see above),
+                        // unless a process that is not playing by the protocol writes there.
+                        let e = Error::PeerFailed {
+                            rank: self.rank,
+                            peer: r,
+                            op: w.name.to_string(),
+                            cause: format!(
+                                "the area's slot of turn {t} already holds turn {later}, \
+                                 before this rank checked the call there"
+                            ),
+                        };
+                        w.fail(&e);
+                        return Err(e);
+                    }
                 }
                 t += 1;
             }
             self.checked[r].store(t, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Our publication of turn `t` and rank `r`'s, when both are there and their calls differ
+    /// (tag or length); `None` when they agree or one is not there yet. `Err(later)`: one of
+    /// the two slots already holds a later turn.
+    fn differs(&self, r: Rank, t: u64) -> std::result::Result<Option<(Published, Published)>, u64> {
+        let (ours, theirs) = (self.area.observe(self.rank, t)?, self.area.observe(r, t)?);
+        Ok(match (ours, theirs) {
+            (Some(o), Some(p)) if p.tag != o.tag || p.len != o.len => Some((o, p)),
+            _ => None,
+        })
     }
 
     /// The error of a call whose descriptors (as published) differ from rank `peer`'s,

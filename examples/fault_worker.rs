@@ -14,6 +14,10 @@
 //! `FAULT_WORKER_SHRINK=N`: on `PeerFailed`, a rank shrinks the communicator without the
 //! failed peer, prints `shrunk to S ranks without R in MS ms`, runs N all-reduces of checked
 //! sums on the new one, prints `checked N` and exits 0 (3 if any of that fails).
+//! `FAULT_WORKER_BROADCASTS=K` replaces the all-reduces by K broadcasts of COUNT floats from
+//! rank 0 (call k sends k + 1): rank 0 sends them and prints `sent K` (then leaves, dropping
+//! the communicator), the others sleep `FAULT_WORKER_PAUSE_MS` first, then receive and check
+//! them and print `received K` (or `wrong in call k` and exit 2, or an `error after` line).
 
 use std::io::Write;
 use std::time::Instant;
@@ -60,6 +64,12 @@ fn main() {
     let shrink: Option<usize> = std::env::var("FAULT_WORKER_SHRINK")
         .ok()
         .and_then(|v| v.parse().ok());
+    if let Some(k) = std::env::var("FAULT_WORKER_BROADCASTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return broadcasts(&comm, count, k, pause);
+    }
     let began = Instant::now();
     let mut last = Instant::now();
     let mut k = 0usize;
@@ -109,6 +119,35 @@ fn main() {
             break;
         }
     }
+}
+
+/// `calls` broadcasts of `count` floats from rank 0, the others checking what they get after
+/// sleeping `pause` (so that rank 0 runs ahead of them, and may leave before they read).
+fn broadcasts(comm: &Communicator, count: usize, calls: usize, pause: Option<std::time::Duration>) {
+    let mut out = std::io::stdout();
+    if comm.rank() != 0
+        && let Some(p) = pause
+    {
+        std::thread::sleep(p);
+    }
+    let last = Instant::now();
+    for k in 0..calls {
+        let want = (k + 1) as f32;
+        let mut buf = vec![if comm.rank() == 0 { want } else { 0.0 }; count];
+        if let Err(e) = comm.broadcast_in_place(&mut buf, 0) {
+            let _ = writeln!(out, "error after {} ms: {e:?}", last.elapsed().as_millis());
+            let _ = out.flush();
+            std::process::exit(2);
+        }
+        if buf.iter().any(|&x| x != want) {
+            let _ = writeln!(out, "wrong in call {k}");
+            let _ = out.flush();
+            std::process::exit(2);
+        }
+    }
+    let word = if comm.rank() == 0 { "sent" } else { "received" };
+    let _ = writeln!(out, "{word} {calls}");
+    let _ = out.flush();
 }
 
 /// Shrinks `comm` without `failed` and runs `n` checked all-reduces on what is left; exits.

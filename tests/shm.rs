@@ -600,6 +600,40 @@ fn a_rank_that_ran_ahead_and_left_leaves_its_data_behind() {
     });
 }
 
+/// The same across processes: the root process sends its calls ahead and exits; its peer,
+/// asleep meanwhile, then takes every call with the right data (the root's goodbye keeps the
+/// peer's heartbeat watch from declaring it failed, and its area stays mapped by the peer).
+/// This passes with or without the root's `settle` on leaving (checked by removing it): an
+/// area call that finds its data published never looks at the links.
+#[test]
+fn a_root_process_that_ran_ahead_and_exited_leaves_its_data_behind() {
+    let calls = LAG as usize / 2;
+    let (_store, mut ranks) = launch(2, "fault_worker", &["16", "0"], |_| {
+        vec![
+            ("FAULT_WORKER_BROADCASTS", calls.to_string()),
+            // Long enough for rank 1 to see rank 0 gone, had it left at once.
+            ("FAULT_WORKER_PAUSE_MS", "1000".to_string()),
+            ("OXCCL_HEARTBEAT", "0.1".to_string()),
+        ]
+    });
+    for (r, want) in [(0, "sent"), (1, "received")] {
+        let line = loop {
+            let line = ranks[r]
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {r} did not finish"));
+            if line != "ready" {
+                break line;
+            }
+        };
+        assert_eq!(line, format!("{want} {calls}"), "rank {r}");
+    }
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        let status = rank.child.wait().expect("wait");
+        assert_eq!(status.code(), Some(0), "rank {r}");
+    }
+}
+
 #[test]
 fn a_rank_that_never_calls_times_out_the_area_naming_it() {
     let comms = shm(2, Config::default().timeout(Duration::from_millis(500)));

@@ -646,15 +646,25 @@ impl Recorder {
 
 /// The recorder's clock: the time-stamp counter where it runs at a constant rate on every
 /// core (a third of a clock_gettime's cost), else the monotonic clock. Either way
-/// [`Clock::to_ns`] turns its readings into nanoseconds since the recorder started.
-struct Clock {
+/// [`Clock::to_ns`] turns its readings into nanoseconds since the clock was made. Public for
+/// benchmarks that time each call (allreduce-perf), where a clock_gettime is a noticeable part
+/// of a small call.
+#[derive(Debug)]
+pub struct Clock {
     tsc: bool,
     start_ticks: u64,
     start: Instant,
 }
 
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::new()
+    }
+}
+
 impl Clock {
-    fn new() -> Clock {
+    /// A clock starting now.
+    pub fn new() -> Clock {
         let tsc = cfg!(target_arch = "x86_64") && invariant_tsc();
         let start = Instant::now();
         let mut c = Clock {
@@ -666,8 +676,9 @@ impl Clock {
         c
     }
 
+    /// A reading, in ticks of the clock's own rate.
     #[inline]
-    fn ticks(&self) -> u64 {
+    pub fn ticks(&self) -> u64 {
         #[cfg(target_arch = "x86_64")]
         if self.tsc {
             // SAFETY: RDTSC has no preconditions; every x86-64 processor has it.
@@ -676,16 +687,21 @@ impl Clock {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// Converts readings to nanoseconds since the start, scaling ticks by the rate seen
-    /// between the start and now.
-    fn to_ns(&self) -> impl Fn(u64) -> u64 {
-        let (tsc, t0) = (self.tsc, self.start_ticks);
-        let rate = if tsc {
+    /// Nanoseconds per tick, as seen between the start and now (1 on the monotonic clock).
+    pub fn ns_per_tick(&self) -> f64 {
+        if self.tsc {
             let (ns, ticks) = (self.start.elapsed().as_nanos() as f64, self.ticks());
-            ns / (ticks.saturating_sub(t0).max(1) as f64)
+            ns / (ticks.saturating_sub(self.start_ticks).max(1) as f64)
         } else {
             1.0
-        };
+        }
+    }
+
+    /// Converts readings to nanoseconds since the start, scaling ticks by the rate seen
+    /// between the start and now.
+    fn to_ns(&self) -> impl Fn(u64) -> u64 + use<> {
+        let (tsc, t0) = (self.tsc, self.start_ticks);
+        let rate = self.ns_per_tick();
         move |t| {
             if tsc {
                 (t.saturating_sub(t0) as f64 * rate) as u64

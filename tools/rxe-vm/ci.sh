@@ -9,17 +9,27 @@ cd "$(dirname "$0")/../.."
 repo=$PWD
 export WORK=${RXE_VM_WORK:-$HOME/.cache/oxccl/rxe-vm}
 
-exes=()
-for t in "-p oxccl-transport-rdma --test rxe" "-p oxccl --test rdma"; do
-  # shellcheck disable=SC2086
-  exe=$(cargo test $t --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -1)
-  [ -x "$exe" ] || { echo "no test executable for $t"; exit 1; }
-  exes+=("$repo/$exe")
+# The test executables, the rank programs they start (selftest, fault_worker) and the
+# benchmark, as `cargo test --workspace` builds them: nothing to build after CI's tests (`-p`
+# unifies features differently and built the library again, minutes of CI). The VM sees the
+# host read-only, so they must be current before it boots.
+mapfile -t exes < <(cargo test --workspace --no-run --message-format=json | python3 -c '
+import json, sys
+found = {}
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and t.get("kind") == ["test"]:
+        found[t["name"]] = m["executable"]
+for name in ("rxe", "rdma"):
+    print(found.get(name, "no test executable for tests/" + name + ".rs"))
+')
+for exe in "${exes[@]}"; do
+  [ -x "$exe" ] || { echo "$exe"; exit 1; }
 done
-# The rank programs the tests start, and the benchmark: the VM sees the host read-only, so
-# they must be current before it boots.
-cargo build -p oxccl --example selftest --example fault_worker
-cargo build -p allreduce-perf
+for exe in target/debug/examples/selftest target/debug/examples/fault_worker target/debug/allreduce-perf; do
+  [ -x "$exe" ] || { echo "cargo test --workspace --no-run did not build $exe"; exit 1; }
+done
 
 install=()
 if command -v qemu-system-x86_64 >/dev/null && command -v ib_write_bw >/dev/null \

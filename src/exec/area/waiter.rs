@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use oxccl_transport_shm::area::Area;
 
+use super::Pace;
 use crate::error::{Error, Result};
 use crate::exec::backoff::{Backoff, Phase};
 use crate::exec::descriptor::Descriptor;
@@ -30,7 +31,7 @@ pub(super) struct Waiter<'a> {
     /// When the links were last looked at (from the first wait on).
     checked: Option<Instant>,
     rank: Rank,
-    spin: Duration,
+    pace: Pace,
     /// The area turn this call is at (set as it takes each).
     pub(super) turn: u64,
 }
@@ -42,7 +43,7 @@ impl<'a> Waiter<'a> {
         area: &'a Area,
         name: &'a OpName,
         ours: &'a Descriptor,
-        (timeout, spin): (Duration, Duration),
+        (timeout, pace): (Duration, Pace),
         rank: Rank,
     ) -> Waiter<'a> {
         Waiter {
@@ -54,7 +55,7 @@ impl<'a> Waiter<'a> {
             timeout,
             checked: None,
             rank,
-            spin,
+            pace,
             turn: 0,
         }
     }
@@ -161,14 +162,14 @@ impl<'a> Waiter<'a> {
         mut ready: impl FnMut() -> std::result::Result<T, Rank>,
     ) -> Result<T> {
         let mut spins = 0u32;
-        let mut backoff = Backoff::new(self.spin, YIELD);
+        let mut backoff = Backoff::new(self.pace.spin, YIELD);
         loop {
             let blocker = match ready() {
                 Ok(v) => return Ok(v),
                 Err(r) => r,
             };
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(64) {
+            if !spins.is_multiple_of(self.pace.every) {
                 std::hint::spin_loop();
                 continue;
             }

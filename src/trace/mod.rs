@@ -646,7 +646,7 @@ impl Recorder {
 
 /// The recorder's clock: the time-stamp counter where it runs at a constant rate on every
 /// core (a third of a clock_gettime's cost), else the monotonic clock. Either way
-/// [`Clock::to_ns`] turns its readings into nanoseconds since the clock was made. Public for
+/// [`Clock::ns_per_tick`] turns differences of its readings into nanoseconds. Public for
 /// benchmarks that time each call (allreduce-perf), where a clock_gettime is a noticeable part
 /// of a small call.
 #[derive(Debug)]

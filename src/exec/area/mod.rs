@@ -66,9 +66,10 @@ const ROOMY: Pace = Pace {
     every: 64,
 };
 /// When ranks outnumber cores, the awaited rank most likely waits for this core: yield after
-/// 16 looks (well under a microsecond). 4 ranks on 2 cores, 1 KiB: all-reduce 9.6 -> 3.5 µs,
-/// broadcast 2.3 -> 1.3 µs, reduce-scatter 9.7 -> 9.2 µs against 2 µs of spinning looking at
-/// the clock every 64 looks (`allreduce-perf --ranks 4 -o C -b 1K -e 1K`, 2026-11-26).
+/// 16 looks (well under a microsecond). 4 ranks on 2 cores, 1 KiB, against 2 µs of spinning
+/// that looked at the clock every 64 looks: all-reduce 8.3–8.7 -> 4.4–4.7 µs, all-gather
+/// 8.4–8.6 -> 2.9–3.9 µs, broadcast 2.6 -> 1.3–1.5 µs (`allreduce-perf --ranks 4 -o C -b 1K -e
+/// 1K`, interleaved, after `--ranks 4 --calibrate`, 2026-11-26).
 const CROWDED: Pace = Pace {
     spin: Duration::ZERO,
     every: 16,

@@ -130,12 +130,12 @@ fn broadcasts(comm: &Communicator, count: usize, calls: usize, pause: Option<std
     {
         std::thread::sleep(p);
     }
-    let last = Instant::now();
+    let began = Instant::now();
     for k in 0..calls {
         let want = (k + 1) as f32;
         let mut buf = vec![if comm.rank() == 0 { want } else { 0.0 }; count];
         if let Err(e) = comm.broadcast_in_place(&mut buf, 0) {
-            let _ = writeln!(out, "error after {} ms: {e:?}", last.elapsed().as_millis());
+            let _ = writeln!(out, "error after {} ms: {e:?}", began.elapsed().as_millis());
             let _ = out.flush();
             std::process::exit(2);
         }

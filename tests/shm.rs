@@ -611,7 +611,8 @@ fn a_root_process_that_ran_ahead_and_exited_leaves_its_data_behind() {
     let (_store, mut ranks) = launch(2, "fault_worker", &["16", "0"], |_| {
         vec![
             ("FAULT_WORKER_BROADCASTS", calls.to_string()),
-            // Long enough for rank 1 to see rank 0 gone, had it left at once.
+            // Rank 0 has long finished its calls (and left, or waits in settle) when rank 1
+            // starts; a short heartbeat would declare it failed but for its goodbye.
             ("FAULT_WORKER_PAUSE_MS", "1000".to_string()),
             ("OXCCL_HEARTBEAT", "0.1".to_string()),
         ]

@@ -12,7 +12,8 @@ export WORK=${RXE_VM_WORK:-$HOME/.cache/oxccl/rxe-vm}
 # The test executables, the rank programs they start (selftest, fault_worker) and the
 # benchmark, as `cargo test --workspace` builds them: nothing to build after CI's tests (`-p`
 # unifies features differently and built the library again, minutes of CI). The VM sees the
-# host read-only, so they must be current before it boots.
+# host read-only, so they must be current before it boots (a failed build stops here).
+cargo test -q --workspace --no-run
 mapfile -t exes < <(cargo test --workspace --no-run --message-format=json | python3 -c '
 import json, sys
 found = {}

@@ -89,14 +89,17 @@ fn fit_alpha_and_overhead(
 const BATCHES: usize = 5;
 
 impl Default for Calibration {
-    /// 8 B, 1 KiB, 4 KiB to 1 MiB by factors of 4 and on to 64 MiB by factors of 2 (where
-    /// the data leaves the caches and a way's time per byte jumps: between 4 and 16 MiB the
-    /// line through the two missed that the direct all-gather of 8 MiB per rank, 1.7 ms, beat
-    /// the staged one, 2.1 ms), at most 64 MiB per buffer: about three seconds on 2 ranks.
+    /// 8 B, 1 KiB, and 4 KiB to 64 MiB by factors of 2, at most 64 MiB per buffer: about
+    /// four seconds on 2 ranks. Times are not linear in size where the data leaves a cache
+    /// or a way's fixed costs stop mattering, and the line through two points a factor of 4
+    /// apart missed by up to 15%: between 4 and 16 MiB it missed that the direct all-gather of
+    /// 8 MiB per rank (1.7 ms) beat the staged one (2.1 ms); between 16 and 64 KiB it priced
+    /// the 2-rank all-to-all of 32 KiB per rank in place the direct way (there: an exchange of
+    /// addresses, then staged) at 8.2 µs where it took 7.2–7.7, and sent both placements
+    /// staged, 7.9 µs out of place where the direct way took 4.5 (2026-11-27).
     fn default() -> Self {
         let mut sizes = vec![8, 1 << 10];
-        sizes.extend((6..=10).map(|k| 1usize << (2 * k)));
-        sizes.extend((21..=26).map(|k| 1usize << k));
+        sizes.extend((12..=26).map(|k| 1usize << k));
         Calibration {
             sizes,
             max_buffer: 64 << 20,

@@ -359,10 +359,11 @@ fn every_collective_through_the_area_matches_the_reference() {
 
 #[test]
 fn all_to_all_with_ranks_in_and_out_of_place_matches_the_reference() {
-    // The direct way forced: a rank in place must not let peers read blocks it overwrites, so
-    // it says it would rather not, and every rank goes staged after the exchange of addresses,
-    // whatever the others' placement. Each placement pattern (every rank in place, only rank
-    // 0, none), with blocks inline in the area's slots and in its large buffers.
+    // The direct way forced: a rank in place copies the blocks its peers read into its area
+    // buffer and has them read there, then reads theirs straight into place; where its buffer
+    // is larger than 1 MiB it says it would rather not, and every rank goes staged after the
+    // exchange of addresses. Each placement pattern (every rank in place,
+    // only rank 0, none), on both sides of that bound.
     for n in [2, 3] {
         let config = Config::default().timeout(Duration::from_secs(30));
         let comms = shm(n, config.direct_copy_min(0));
@@ -373,7 +374,9 @@ fn all_to_all_with_ranks_in_and_out_of_place_matches_the_reference() {
         }
         let results = on_each(&comms, |c| -> Result<(), String> {
             let r = c.rank();
-            for count in [3, 70_001] {
+            // Lending right after staged pieces that used both large buffers, and at the
+            // bound itself (every in-place rank's buffer exactly 1 MiB).
+            for count in [3, 600_001, 70_001, (1 << 20) / 4 / n] {
                 let val = |q: usize, j: usize| value(q, j) as f32 + (j / 23) as f32;
                 let sends: Vec<f32> = (0..n * count).map(|j| val(r, j)).collect();
                 let want: Vec<f32> = (0..n * count)

@@ -2,16 +2,18 @@
 //! `process_vm_writev`. Reductions (all-reduce, reduce, reduce-scatter): each rank reduces its
 //! slice, reading it from every peer's input, and writes the result where it belongs — every
 //! output (all-reduce), the root's (reduce), its own (reduce-scatter, where its slice is its
-//! block). Copies (all-gather, broadcast, gather, scatter, all-to-all out of place), one copy
-//! per byte: each rank reads what it lacks straight into its output, except that a gather's
-//! peers write their blocks into the root's and a broadcast root in place writes a share into
-//! every peer's. And how a rank that gives up makes sure no peer touches its buffers any more.
+//! block). Copies (all-gather, broadcast, gather, scatter, all-to-all), one copy per byte:
+//! each rank reads what it lacks straight into its output, except that a gather's peers write
+//! their blocks into the root's, a broadcast root in place writes a share into every peer's,
+//! and an all-to-all rank in place lends its peers a copy of their blocks in its area buffer
+//! (the copy the staged way makes too). And how a rank that gives up makes sure no peer
+//! touches its buffers any more.
 
 use std::time::Instant;
 
 use super::staged::copy_out;
 use super::waiter::CHECK_EVERY;
-use super::{AreaPath, Blocks, Data, PART_BYTES, Waiter, slicer};
+use super::{AREA_BYTES, AreaPath, Blocks, Data, PART_BYTES, Waiter, slicer};
 use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::{cpu, stream};
@@ -22,6 +24,14 @@ use crate::types::{Rank, ReduceOp};
 const STREAM_MIN: usize = 256 * 1024;
 /// Bytes a direct copy reads from a peer between two looks at whether anyone gave up.
 const COPY_PART: usize = 1 << 20;
+/// Largest buffer an all-to-all rank in place lends from its area buffer (larger ones go
+/// staged): 2 ranks, in place, forced direct, interleaved with the staged fallback it replaces
+/// (`OXCCL_AREA_WAY=direct allreduce-perf --ranks 2 -o alltoall -b 64K -e 4M -f 2`, two runs
+/// each, 2026-11-27): 128 KiB 9.8–10.2 µs where it took 13.5–13.9, 256 KiB 17.5–18.4 against
+/// 19.1, 512 KiB and 1 MiB alike, but 4 MiB 359–383 µs against 330–340 (staged pipelines
+/// its copies in pieces; a lender copies everything in before anyone copies out).
+const LEND_MAX: usize = 1 << 20;
+const _: () = assert!(LEND_MAX <= AREA_BYTES);
 
 /// A rank's own block of a direct copy: (offset in its source, offset in its output).
 type Share = (usize, usize);
@@ -78,20 +88,48 @@ impl AreaPath {
     ) -> Result<bool> {
         let me = self.rank;
         let n = self.area.len();
-        // In place, an all-to-all rank would overwrite blocks of its buffer that a peer may
-        // still be reading: it never asks for direct (so everyone goes staged).
-        let want = want && !(plan.collective == Collective::AllToAll && b.in_place);
+        // In place, an all-to-all rank overwrites blocks of its buffer that peers read: it
+        // first copies them into its large area buffer of this turn and has peers read them
+        // there (the copy the staged way would make too), then reads its peers' blocks
+        // straight into place. Where its buffer is larger than `LEND_MAX` (at most the area
+        // buffer), it does not ask for direct (so everyone goes staged).
+        let whole = n.saturating_mul(b.block);
+        let lend =
+            want && plan.collective == Collective::AllToAll && b.in_place && b.block > 0 && n > 1;
+        let want = want && !(lend && whole > LEND_MAX);
+        let src = if lend && want {
+            // The large buffer whatever the size (the turn's slot carries the addresses).
+            let lent = self.claim(w, turn, AREA_BYTES)?;
+            for q in (0..n).filter(|&q| q != me) {
+                // SAFETY: our buffer holds `n` blocks (`Blocks::of`), the area buffer
+                // `AREA_BYTES >= LEND_MAX >= whole` bytes, which this rank may write this turn
+                // (`claim`); they do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        b.src.add(q * b.block),
+                        lent.add(q * b.block),
+                        b.block,
+                    )
+                };
+            }
+            lent.cast_const()
+        } else {
+            b.src
+        };
         // A broadcast root in place has nothing to copy for itself: it writes a share of the
         // data into every peer's output while they read the rest (only the root knows its
         // placement, so it says so).
         let helps = plan.collective == Collective::Broadcast && me == plan.root && b.in_place;
         // Publish our buffers' addresses, whether we would go direct and whether we help.
         let mut addrs = [0u8; 32];
-        addrs[..8].copy_from_slice(&(b.src as u64).to_le_bytes());
+        addrs[..8].copy_from_slice(&(src as u64).to_le_bytes());
         addrs[8..16].copy_from_slice(&(b.dst as u64).to_le_bytes());
-        addrs[16..24].copy_from_slice(&u64::from(want).to_le_bytes());
+        // Bit 0: we would go direct; bit 1: our source is our area buffer of this turn.
+        let lent = u64::from(lend && want) << 1;
+        addrs[16..24].copy_from_slice(&(u64::from(want) | lent).to_le_bytes());
         addrs[24..].copy_from_slice(&u64::from(helps).to_le_bytes());
         let mut peer_addrs: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let mut lenders: Vec<bool> = Vec::with_capacity(n);
         let mut everyone = true;
         let mut root_helps = false;
         let len = plan.count * plan.dtype.size();
@@ -113,7 +151,8 @@ impl AreaPath {
                     u64::from_le_bytes(b) as usize
                 };
                 peer_addrs.push((word(0), word(1)));
-                everyone &= word(2) == 1;
+                lenders.push(word(2) & 2 != 0);
+                everyone &= word(2) & 1 == 1;
                 root_helps |= r == plan.root && word(3) == 1;
                 Ok(())
             },
@@ -129,7 +168,7 @@ impl AreaPath {
         if plan.collective.reduces() {
             self.direct_fold(w, turn, plan, b, &peer_addrs)?;
         } else {
-            self.direct_copy(w, turn, plan, b, &peer_addrs, root_helps)?;
+            self.direct_copy(w, turn, plan, b, &peer_addrs, &lenders, root_helps)?;
         }
 
         // Done touching peers; they reach our buffers until they finish too: the caller gets
@@ -274,6 +313,7 @@ impl AreaPath {
     /// into every peer's output, and the peers read the rest: each rank moves `(n − 1)/n` of
     /// the data, where otherwise the root would idle while every peer moved all of it (2 ranks
     /// on the 2026-11-26 host, 16 MiB: 2.1 ms before).
+    #[allow(clippy::too_many_arguments)]
     fn direct_copy(
         &self,
         w: &mut Waiter<'_>,
@@ -281,6 +321,7 @@ impl AreaPath {
         plan: &Plan,
         b: &Blocks,
         peer_addrs: &[(usize, usize)],
+        lenders: &[bool],
         root_helps: bool,
     ) -> Result<()> {
         let (n, me, root) = (self.area.len(), self.rank, plan.root);
@@ -358,6 +399,13 @@ impl AreaPath {
                     if write {
                         let remote = peer_addrs[q].1 + dst;
                         self.area.write_to(q, remote, b.src.add(src), len)
+                    } else if lenders[q] {
+                        // An all-to-all peer in place lent its blocks in its area buffer of
+                        // this turn, mapped here too: no system call. It keeps them there
+                        // until every rank finishes this turn.
+                        let from = self.area.buffer_of(q, turn).add(src);
+                        copy_out(from, b.dst.add(dst), len, n * block);
+                        Ok(())
                     } else {
                         let remote = peer_addrs[q].0 + src;
                         self.area.read_from(q, remote, b.dst.add(dst), len)

@@ -399,6 +399,12 @@ impl Area {
         self.segments[self.rank].data(seq, Area::in_buffer(bytes))
     }
 
+    /// Rank `r`'s large buffer of turn `seq`, as mapped in this process: read it only where
+    /// `r` says it wrote it for this turn (and keeps it until this rank is done).
+    pub fn buffer_of(&self, r: usize, seq: u64) -> *const u8 {
+        self.segments[r].data(seq, true).cast_const()
+    }
+
     /// Publishes this rank's turn `seq`: a descriptor, the length of the call's data `len`, and
     /// `bytes` of data written to [`Area::my_buffer`] (given the same `bytes`).
     pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize, bytes: usize) {

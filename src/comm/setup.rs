@@ -196,7 +196,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     }
 
     // The group area serves when every peer is reached over shared memory.
-    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct));
+    let own_cpus = topo.own_cpus(rank);
+    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, own_cpus));
     let flags = Arc::new(Flags::new());
     let liveness = match heartbeat {
         Some((socket, period)) => {

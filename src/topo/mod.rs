@@ -173,6 +173,23 @@ impl Topology {
         self.hosts[a] == self.hosts[b]
     }
 
+    /// Whether every rank on `rank`'s host is bound to CPUs no other rank there may run on
+    /// (every binding known): then no rank waits for a core another one holds.
+    pub fn own_cpus(&self, rank: Rank) -> bool {
+        let mut all = Vec::new();
+        for r in (0..self.ranks.len()).filter(|&r| self.same_host(r, rank)) {
+            let cpus = cpulist::parse(&self.ranks[r].cpus);
+            if cpus.is_empty() {
+                return false;
+            }
+            all.extend(cpus);
+        }
+        let listed = all.len();
+        all.sort_unstable();
+        all.dedup();
+        all.len() == listed
+    }
+
     /// The whole job's topology from each rank's own view (rank r's host and place), hosts
     /// described by the first rank on each.
     pub(crate) fn assemble(views: Vec<(Host, Place)>) -> Topology {
@@ -429,6 +446,22 @@ mod tests {
         assert_eq!(t.nhosts(), 2);
         assert!(t.same_host(0, 2) && !t.same_host(0, 1));
         assert_eq!(t.ranks[2].host, 0);
+    }
+
+    #[test]
+    fn ranks_own_their_cpus_only_where_every_binding_on_the_host_is_disjoint() {
+        let mut t = Topology::of_hosts(vec!["a".into(), "b".into(), "a".into()]);
+        // Unknown bindings: not known to be disjoint.
+        assert!(!t.own_cpus(0));
+        t.ranks[0].cpus = "0".into();
+        t.ranks[2].cpus = "1-2".into();
+        assert!(t.own_cpus(0) && t.own_cpus(2));
+        // Rank 1 is on another host: its binding is its own business, but it must be known.
+        assert!(!t.own_cpus(1));
+        t.ranks[1].cpus = "0-1".into();
+        assert!(t.own_cpus(1) && t.own_cpus(0));
+        t.ranks[2].cpus = "0-1".into();
+        assert!(!t.own_cpus(0) && !t.own_cpus(2));
     }
 
     #[test]

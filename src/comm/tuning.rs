@@ -385,48 +385,55 @@ impl Communicator {
         // 7-15 µs measured later. A first round of calls, thrown away, brings them into step.
         let settle = Plan::new(Collective::AllReduce, 2, DataType::F32);
         self.time(&settle, Route::Area(Way::OneShot), 100, (&mut a, &mut b))?;
+        // Every way and placement of one collective is timed at one size before the next size,
+        // so the ways a route is chosen between see the same moment of the machine. Timed one
+        // curve after another, the two placements of a way — which do the same work up to
+        // 128 KiB — came out up to 30% apart where something else ran for a moment, and in
+        // place took another route than out of place at 4-7 (mean 6) of the 49 points from 8 B
+        // to 64 KiB of 4 calibrations (collectives other than all-to-all, whose placements do
+        // differ); side by side, at 2-6 (mean 4) in 3 (2 ranks, 2026-11-27).
         let mut curves = Vec::new();
         for collective in AREA_COLLECTIVES {
-            let ways: Vec<Way> = Way::ALL
-                .into_iter()
-                .filter(|&w| match w {
+            let mut keys = Vec::new();
+            for way in Way::ALL {
+                let usable = match way {
                     Way::OneShot | Way::TwoShot => collective == Collective::AllReduce,
                     Way::Staged => collective != Collective::AllReduce,
                     Way::Direct => self.inner.means.direct,
-                })
-                .collect();
-            for way in ways {
-                for in_place in [false, true] {
-                    let mut points = Vec::new();
-                    for &bytes in &sizes {
-                        let whole = match collective {
-                            Collective::AllGather
-                            | Collective::ReduceScatter
-                            | Collective::Gather
-                            | Collective::Scatter
-                            | Collective::AllToAll => bytes.saturating_mul(n),
-                            _ => bytes,
-                        };
-                        if whole > c.max_buffer
-                            || bytes % 4 != 0
-                            || (way == Way::OneShot && bytes > AREA_BYTES)
-                        {
-                            continue;
-                        }
-                        let plan =
-                            Plan::new(collective, bytes / 4, DataType::F32).in_place(in_place);
-                        let iters = (c.budget / bytes.max(1)).clamp(3, 100);
-                        let t = self.time(&plan, Route::Area(way), iters, (&mut a, &mut b))?;
-                        points.push((bytes, t));
-                    }
-                    let key = Key {
+                };
+                if usable {
+                    keys.extend([false, true].map(|in_place| Key {
                         collective,
                         way,
                         in_place,
-                    };
-                    curves.push((key, points));
+                    }));
                 }
             }
+            let mut points: Vec<Vec<(usize, f64)>> = vec![Vec::new(); keys.len()];
+            for &bytes in &sizes {
+                let whole = match collective {
+                    Collective::AllGather
+                    | Collective::ReduceScatter
+                    | Collective::Gather
+                    | Collective::Scatter
+                    | Collective::AllToAll => bytes.saturating_mul(n),
+                    _ => bytes,
+                };
+                if whole > c.max_buffer || bytes % 4 != 0 {
+                    continue;
+                }
+                for (key, points) in keys.iter().zip(&mut points) {
+                    if key.way == Way::OneShot && bytes > AREA_BYTES {
+                        continue;
+                    }
+                    let plan =
+                        Plan::new(collective, bytes / 4, DataType::F32).in_place(key.in_place);
+                    let iters = (c.budget / bytes.max(1)).clamp(3, 100);
+                    let t = self.time(&plan, Route::Area(key.way), iters, (&mut a, &mut b))?;
+                    points.push((bytes, t));
+                }
+            }
+            curves.extend(keys.into_iter().zip(points));
         }
         let source = format!(
             "calibrated on {}, {n} ranks, oxccl {}",

@@ -196,8 +196,9 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     }
 
     // The group area serves when every peer is reached over shared memory.
-    let own_cpus = topo.own_cpus(rank);
-    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, own_cpus));
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let crowded = topo.crowded(rank, cores);
+    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, crowded));
     let flags = Arc::new(Flags::new());
     let liveness = match heartbeat {
         Some((socket, period)) => {
@@ -221,7 +222,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         }
         None => None,
     };
-    let engine = Engine::new(rank, links, config.timeout, flags.clone());
+    let engine = Engine::new(rank, links, config.timeout, flags.clone()).crowded(crowded);
     let slice_bytes = config.slice_bytes.min(engine.max_message());
     let hosts = Hosts::from_labels(&topo.hosts);
     let means = tune::Means {

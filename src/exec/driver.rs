@@ -13,9 +13,10 @@
 //!
 //! # Waiting
 //!
-//! When nothing moves, the loop spins briefly (latency), then yields (other ranks may share the
-//! core), then blocks in `poll(2)` on the links' descriptors and the abort waker, never past the
-//! operation's deadline (the escalation is [`Backoff`]'s, shared with the group area).
+//! When nothing moves, the loop spins (latency), then — only where ranks may share cores —
+//! yields, then blocks in `poll(2)` on the links' descriptors and the abort waker, never past
+//! the operation's deadline (the escalation is [`Backoff`]'s, shared with the group area; the
+//! durations are the engine's [`Pace`]).
 //!
 //! # Failure
 //!
@@ -48,15 +49,37 @@ use crate::trace::Recorder;
 use crate::tune::Way;
 use crate::types::{DataType, Rank};
 
-/// Spin this long without progress before yielding the processor. Short, because yielding
-/// costs little where the awaited rank has a core of its own (it keeps polling through
+/// How the loop waits while nothing moves: spin, then yield until `sleep`, then block.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    spin: Duration,
+    sleep: Duration,
+}
+
+/// Where ranks may wait for each other's cores ([`crate::topo::Topology::crowded`]): spin
+/// briefly, then yield, handing the core to the rank awaited. Short, because yielding costs
+/// little where the awaited rank has a core of its own (it keeps polling through
 /// `sched_yield`) and a lot where it shares ours: measured 2026-11-25, 2 µs against 20 µs took
 /// 8-byte all-reduces on 2 simulated hosts × 2 ranks (4 ranks on the 2 cores) from 73–81 µs
-/// to 29 µs, and left 2 ranks over TCP with a core each within 0.1 µs (4.7 µs) — allreduce-perf
-/// under tools/sim-hosts/hosts.sh, and `allreduce-perf --transport tcp`.
-const SPIN: Duration = Duration::from_micros(2);
-/// Yield this long without progress before blocking in `poll(2)`.
-const YIELD: Duration = Duration::from_millis(2);
+/// to 29 µs — allreduce-perf under tools/sim-hosts/hosts.sh. On 4 ranks over TCP on the 2
+/// cores, 8 B and 128 B: 38–47 µs against 58–61 going straight to `poll` after the spin, and
+/// 220–235 spinning 100 µs (2026-11-27).
+const CROWDED: Pace = Pace {
+    spin: Duration::from_micros(2),
+    sleep: Duration::from_millis(2),
+};
+/// Where every rank has a core to itself: spin, then block, never yield. A yield hands the
+/// core to whatever else wants it for a time slice, and a rank waiting on a peer with a core of
+/// its own only loses by that: with a `yes` hog on each of the 2 cores, 2 ranks over TCP took
+/// 0.6–2.0 ms per 8-byte all-reduce spinning 2 µs and yielding, 15–21 µs spinning 100 µs then
+/// blocking in `poll` (woken, the rank gets its core back ahead of the hog), and 20–22 µs
+/// blocking after 2 µs; with nothing else running, 7–9 µs either way at 8 B, where blocking
+/// after 2 µs took 11.5 µs at 128 B and 16–17 at 2 KiB (`allreduce-perf --ranks 2 --transport
+/// tcp -b 8 -e 1M -f 16`, 2026-11-27).
+const ROOMY: Pace = Pace {
+    spin: Duration::from_micros(100),
+    sleep: Duration::from_micros(100),
+};
 /// Longest single block, so aborts and deadlines are noticed even without a waker.
 const MAX_BLOCK: Duration = Duration::from_millis(50);
 /// Longest a failing rank keeps pushing its failure notices out to peers that do not take
@@ -131,6 +154,8 @@ pub struct Engine {
     area_turns: u64,
     /// The communicator's flight recorder.
     pub(super) recorder: Arc<Recorder>,
+    /// How the loop waits.
+    pace: Pace,
 }
 
 impl Engine {
@@ -160,6 +185,16 @@ impl Engine {
             area: None,
             area_turns: 0,
             recorder: Recorder::off(rank),
+            pace: CROWDED,
+        }
+    }
+
+    /// The same engine pacing its waits for ranks that may wait for each other's cores
+    /// (`crowded`, as new engines do) or that each have one.
+    pub fn crowded(self, crowded: bool) -> Engine {
+        Engine {
+            pace: if crowded { CROWDED } else { ROOMY },
+            ..self
         }
     }
 
@@ -241,7 +276,7 @@ impl Engine {
 
     /// Drives until `result` is set.
     pub fn drive_until(&mut self, result: &OpResult) {
-        let mut backoff = Backoff::new(SPIN, YIELD);
+        let mut backoff = Backoff::new(self.pace.spin, self.pace.sleep);
         while !result.is_done() {
             if self.pass() {
                 backoff.reset();
@@ -254,7 +289,7 @@ impl Engine {
     /// Drives until nothing is queued or running, or `budget` has passed.
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
-        let mut backoff = Backoff::new(SPIN, YIELD);
+        let mut backoff = Backoff::new(self.pace.spin, self.pace.sleep);
         while self.busy() && Instant::now() < end {
             if self.pass() {
                 backoff.reset();

@@ -37,6 +37,7 @@ pub(crate) fn local(root: &Path, id: &str, name: &str, nic: Option<String>) -> (
         numa: nodes,
         nic,
         rdma: None,
+        kernel: super::kernel_id(),
     };
     (host, place)
 }

@@ -43,6 +43,21 @@ pub fn host_id(configured: Option<&str>) -> String {
     format!("{name}-{hex}")
 }
 
+/// The kernel this process runs under: a hash of its boot id ("" if unreadable). Ranks under
+/// one kernel share its CPUs even where they count as different hosts (network namespaces on
+/// one machine: simulated hosts, containers).
+pub(crate) fn kernel_id() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    if boot.trim().is_empty() {
+        return String::new();
+    }
+    let digest = Sha256::new()
+        .chain_update(b"kernel\0")
+        .chain_update(boot.trim())
+        .finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The kernel's host name.
 pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -152,6 +167,10 @@ pub struct Place {
     /// (`None`: no rdma transport).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma: Option<String>,
+    /// The kernel it runs under ([`kernel_id`]; "" unknown, as in fixtures that lack it):
+    /// ranks under one kernel compete for the same CPUs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernel: String,
 }
 
 impl Topology {
@@ -173,11 +192,22 @@ impl Topology {
         self.hosts[a] == self.hosts[b]
     }
 
-    /// Whether every rank on `rank`'s host is bound to CPUs no other rank there may run on
+    /// Whether two ranks run on the same CPUs' kernel: the same known kernel, or (where either
+    /// is unknown) the same host.
+    pub fn share_cpus(&self, a: Rank, b: Rank) -> bool {
+        let (ka, kb) = (&self.ranks[a].kernel, &self.ranks[b].kernel);
+        if ka.is_empty() || kb.is_empty() {
+            self.same_host(a, b)
+        } else {
+            ka == kb
+        }
+    }
+
+    /// Whether every rank under `rank`'s kernel is bound to CPUs no other such rank may run on
     /// (every binding known): then no rank waits for a core another one holds.
     pub fn own_cpus(&self, rank: Rank) -> bool {
         let mut all = Vec::new();
-        for r in (0..self.ranks.len()).filter(|&r| self.same_host(r, rank)) {
+        for r in (0..self.ranks.len()).filter(|&r| self.share_cpus(r, rank)) {
             let cpus = cpulist::parse(&self.ranks[r].cpus);
             if cpus.is_empty() {
                 return false;
@@ -188,6 +218,17 @@ impl Topology {
         all.sort_unstable();
         all.dedup();
         all.len() == listed
+    }
+
+    /// Whether `rank` may wait for a core another rank holds: more ranks run under its kernel
+    /// than the `cores` it may use, and they are not bound to CPUs of their own. Counted per
+    /// kernel, not per host: simulated hosts (network namespaces) on one machine share its
+    /// cores, and counted per host, 2 simulated hosts × 2 ranks on 2 cores looked roomy.
+    pub fn crowded(&self, rank: Rank, cores: usize) -> bool {
+        let sharers = (0..self.ranks.len())
+            .filter(|&r| self.share_cpus(r, rank))
+            .count();
+        sharers > cores && !self.own_cpus(rank)
     }
 
     /// The whole job's topology from each rank's own view (rank r's host and place), hosts
@@ -236,6 +277,7 @@ impl Topology {
                     numa: Vec::new(),
                     nic: None,
                     rdma: None,
+                    kernel: String::new(),
                 };
                 (host, place)
             })
@@ -462,6 +504,36 @@ mod tests {
         assert!(t.own_cpus(1) && t.own_cpus(0));
         t.ranks[2].cpus = "0-1".into();
         assert!(!t.own_cpus(0) && !t.own_cpus(2));
+    }
+
+    #[test]
+    fn ranks_are_crowded_by_the_kernel_they_share_not_the_host() {
+        // Two hosts of two ranks, every rank allowed on CPUs 0-1.
+        let mut t = Topology::of_hosts(vec!["a".into(), "b".into(), "a".into(), "b".into()]);
+        for p in &mut t.ranks {
+            p.cpus = "0-1".into();
+        }
+        // Kernels unknown: each host's 2 ranks count against its cores.
+        assert!(!t.share_cpus(0, 1) && t.share_cpus(0, 2));
+        assert!(!t.crowded(0, 2) && t.crowded(0, 1));
+        // One kernel under both hosts (network namespaces on one machine): 4 ranks on 2 cores.
+        for p in &mut t.ranks {
+            p.kernel = "k".into();
+        }
+        assert!(t.share_cpus(0, 1) && t.crowded(0, 2) && t.crowded(3, 2) && !t.crowded(0, 4));
+        // Each host binds its ranks to CPUs 0 and 1: disjoint per host, not per kernel.
+        t.ranks[0].cpus = "0".into();
+        t.ranks[2].cpus = "1".into();
+        t.ranks[1].cpus = "0".into();
+        t.ranks[3].cpus = "1".into();
+        assert!(!t.own_cpus(0) && t.crowded(0, 2));
+        // Two kernels (two machines): every rank has a CPU of its own there.
+        t.ranks[1].kernel = "j".into();
+        t.ranks[3].kernel = "j".into();
+        assert!(t.own_cpus(0) && !t.crowded(0, 1) && !t.crowded(1, 1));
+        // A rank whose kernel is unknown falls back to its host.
+        t.ranks[3].kernel = String::new();
+        assert!(t.share_cpus(3, 1) && !t.share_cpus(3, 0) && t.share_cpus(1, 3));
     }
 
     #[test]

@@ -8,6 +8,10 @@
 # (target: within 10%, or 2 µs), and at the end the issue's ratios: 8 B on 2 x 2 against
 # 2 x 1, and the largest size's bus bandwidth against the stream.
 #
+# The hosts keep the machine's real boot id (hosts.sh --real-boot-id): they share its 2 cores,
+# and oxccl counts the ranks under one kernel, not one host, to tell whether ranks may wait for
+# each other's cores (with per-host boot ids, 2 x 2 ranks look like 2 ranks per 2 cores).
+#
 # Usage: tools/perf/sim-hosts.sh [-b RATE]... [-e MAXBYTES] [-R REPEATS]   (root; release build)
 #   -b RATE   tbf rate per host, repeatable (default: none, i.e. unshaped veth); e.g. -b 1gbit
 set -euo pipefail
@@ -38,7 +42,7 @@ for rate in "${rates[@]}"; do
     | tee "$out/stream-$rate.txt"
   for layout in 2x1 2x2; do
     n=${layout%x*}; r=${layout#*x}
-    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q \
+    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q --real-boot-id \
       "${shape[@]}" -t 600 -- "$rank_sh" "$perf" -b 8 -e 8 --calibrate >/dev/null 2>&1
     grep -h "^link\|^fold" "$out/costs-$rate-$layout.txt" | sed "s/^/# $layout calibrated: /"
   done
@@ -46,7 +50,7 @@ for rate in "${rates[@]}"; do
       "2x2 tree"; do
     read -r layout algo <<<"$setup"
     n=${layout%x*}; r=${layout#*x}
-    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q \
+    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q --real-boot-id \
       "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
       -b 8 -e "$max" -f 8 -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" \
       --csv "$PWD/$out/$rate-$layout-$algo.csv" 2>/dev/null >"$out/$rate-$layout-$algo.txt"

@@ -99,23 +99,18 @@ pub struct AreaPath {
 
 impl AreaPath {
     /// The path over `area` for `rank`; `direct` only if every rank agreed that all can read
-    /// each other's memory; `own_cpus` if the host's ranks are bound to disjoint CPUs.
+    /// each other's memory; `crowded` if ranks may wait for each other's cores
+    /// ([`crate::topo::Topology::crowded`]).
     ///
-    /// Ranks are crowded where they outnumber the cores this process may use
-    /// (`available_parallelism`: its affinity mask and cgroup quota), unless each is bound to
-    /// CPUs of its own: a rank pinned to one core sees one, yet waits for no other rank's core.
-    /// Taking such ranks for crowded made them yield at every wait, and a yield hands a pinned
-    /// rank's only core to any other process for its time slice: with a `yes` hog on each of the
-    /// 2 cores, 2 ranks bound to a core each (`allreduce-perf --ranks 2`), the 64 KiB all-to-all
-    /// took 2.8–3.8 ms a call, 15–19 µs unbound (2026-11-27).
-    pub fn new(area: Area, rank: Rank, direct: bool, own_cpus: bool) -> AreaPath {
+    /// Ranks bound to CPUs of their own are not crowded, though a rank pinned to one core sees
+    /// one (`available_parallelism` follows the affinity mask): taking such ranks for crowded
+    /// made them yield at every wait, and a yield hands a pinned rank's only core to any other
+    /// process for its time slice: with a `yes` hog on each of the 2 cores, 2 ranks bound to a
+    /// core each (`allreduce-perf --ranks 2`), the 64 KiB all-to-all took 2.8–3.8 ms a call,
+    /// 15–19 µs unbound (2026-11-27).
+    pub fn new(area: Area, rank: Rank, direct: bool, crowded: bool) -> AreaPath {
         let direct = direct && area.direct();
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let pace = if area.len() > cores && !own_cpus {
-            CROWDED
-        } else {
-            ROOMY
-        };
+        let pace = if crowded { CROWDED } else { ROOMY };
         let checked = (0..area.len()).map(|_| AtomicU64::new(0)).collect();
         AreaPath {
             area,

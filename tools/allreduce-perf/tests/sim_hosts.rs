@@ -81,7 +81,9 @@ fn perf(hosts: usize, slots: usize, skip: Option<(usize, usize)>, args: &[&str])
     let (n, r) = (hosts.to_string(), slots.to_string());
     let out = Command::new("bash")
         .arg(hosts_sh())
-        .args(["-n", &n, "-r", &r, "-q", "-t", "120"])
+        // The machine's boot id: the simulated hosts share its cores, which oxccl tells by the
+        // kernel they run under (with a boot id of their own, ranks looked roomy and spun).
+        .args(["-n", &n, "-r", &r, "-q", "--real-boot-id", "-t", "120"])
         .args(["--", "sh", "-c", RANK, env!("CARGO_BIN_EXE_allreduce-perf")])
         .args(args)
         .env("SIM_WORLD", world.to_string())

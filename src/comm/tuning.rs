@@ -445,7 +445,13 @@ impl Communicator {
 
     /// The time per call of `plan` forced onto `route`, in seconds: `iters` calls, after a
     /// quarter as many (at least one) to warm up, timed in up to [`BATCHES`] batches of calls
-    /// back to back; the median batch's time over its calls. Ranks that share cores fall out of
+    /// back to back; the second fastest batch's time over its calls (of 3, the median). The
+    /// median of 5 let a disturbance over 3 batches — half a millisecond at 64 KiB — set a
+    /// point: the direct in-place all-reduce of 64 KiB priced 22.5 µs between 6.6 at 32 KiB and
+    /// 15.3 at 128 KiB, and in place went two-shot, 15.2 µs a call where out of place took
+    /// 8.1. Points that cost more than the next size's by 15% or more: 1-7 in each of 7
+    /// calibrations with the median, none in 3 of 4 with the second fastest, 2 in the fourth
+    /// (2 ranks, 2026-11-27). Ranks that share cores fall out of
     /// step between two measurements (one waits asleep while another finishes): measured at
     /// once, a 4-rank 8-byte all-reduce on 2 cores took 200-700 µs against the 6.6 µs it takes
     /// in a run. And calls timed one by one each pay for the slowest rank's wake-up, where calls
@@ -501,7 +507,7 @@ impl Communicator {
             }
         }
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(times[times.len() / 3])
     }
 }
 

@@ -97,7 +97,8 @@ impl AreaPath {
         let lend =
             want && plan.collective == Collective::AllToAll && b.in_place && b.block > 0 && n > 1;
         let want = want && !(lend && whole > LEND_MAX);
-        let src = if lend && want {
+        let lending = lend && want;
+        let src = if lending {
             // The large buffer whatever the size (the turn's slot carries the addresses).
             let lent = self.claim(w, turn, AREA_BYTES)?;
             for q in (0..n).filter(|&q| q != me) {
@@ -125,8 +126,8 @@ impl AreaPath {
         addrs[..8].copy_from_slice(&(src as u64).to_le_bytes());
         addrs[8..16].copy_from_slice(&(b.dst as u64).to_le_bytes());
         // Bit 0: we would go direct; bit 1: our source is our area buffer of this turn.
-        let lent = u64::from(lend && want) << 1;
-        addrs[16..24].copy_from_slice(&(u64::from(want) | lent).to_le_bytes());
+        let lent_bit = u64::from(lending) << 1;
+        addrs[16..24].copy_from_slice(&(u64::from(want) | lent_bit).to_le_bytes());
         addrs[24..].copy_from_slice(&u64::from(helps).to_le_bytes());
         let mut peer_addrs: Vec<(usize, usize)> = Vec::with_capacity(n);
         let mut lenders: Vec<bool> = Vec::with_capacity(n);

@@ -60,9 +60,15 @@ pub(super) struct Pace {
     every: u32,
 }
 
-/// When every rank of the host has a core of its own: the awaited rank is running elsewhere.
+/// When every rank has a core of its own: the awaited rank is running elsewhere. Spin up to
+/// the waiter's yield bound (100 µs), then sleep: never yield, which would hand the core to any
+/// other busy process for a time slice. With a `yes` hog on each of the 2 cores, 2 ranks
+/// (`allreduce-perf --ranks 2 -b 8 -e 16M -f 8`, two runs each, 2026-11-27) took 63-77 µs
+/// per 256 KiB all-reduce, and 551-747 µs at 2 MiB in place, against 87-131 and 991-1721
+/// after 20 µs of spinning and yields until 100 µs; the same within noise quiet and at
+/// other sizes.
 const ROOMY: Pace = Pace {
-    spin: Duration::from_micros(20),
+    spin: Duration::from_micros(100),
     every: 64,
 };
 /// When ranks outnumber cores, the awaited rank most likely waits for this core: yield after

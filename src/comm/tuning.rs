@@ -39,7 +39,7 @@ pub struct Calibration {
     /// The most bytes one rank's buffer may hold (all-gather's output is `ranks × size`).
     pub max_buffer: usize,
     /// Bytes each way moves per size, at most: the iteration count is this over the size,
-    /// from 3 to 40.
+    /// from 3 to 100.
     pub budget: usize,
 }
 
@@ -451,10 +451,11 @@ impl Communicator {
     /// 15.3 at 128 KiB, and in place went two-shot, 15.2 µs a call where out of place took
     /// 8.1. Points that cost more than the next size's by 15% or more: 1-7 in each of 7
     /// calibrations with the median, none in 3 of 4 with the second fastest, 2 in the fourth
-    /// (2 ranks, 2026-11-27). Ranks that share cores fall out of
-    /// step between two measurements (one waits asleep while another finishes): measured at
-    /// once, a 4-rank 8-byte all-reduce on 2 cores took 200-700 µs against the 6.6 µs it takes
-    /// in a run. And calls timed one by one each pay for the slowest rank's wake-up, where calls
+    /// (2 ranks, 2026-11-27).
+    ///
+    /// Ranks that share cores fall out of step between two measurements (one waits asleep while
+    /// another finishes): measured at once, a 4-rank 8-byte all-reduce on 2 cores took 200-700
+    /// µs against the 6.6 µs it takes in a run. And calls timed one by one each pay for the slowest rank's wake-up, where calls
     /// back to back — as applications and benchmarks make them — overlap it: timed one by one,
     /// that all-reduce took 13.5-15 µs through the area (6.6 µs in a run), and the tuner sent it
     /// over the links (12.6 µs in a run).

@@ -27,7 +27,7 @@ pub fn host_id(configured: Option<&str>) -> String {
     if let Some(id) = configured {
         return id.to_owned();
     }
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = boot_id();
     let name = host_name();
     let netns = std::fs::read_link("/proc/self/ns/net")
         .map(|p| p.display().to_string())
@@ -47,7 +47,7 @@ pub fn host_id(configured: Option<&str>) -> String {
 /// one kernel share its CPUs even where they count as different hosts (network namespaces on
 /// one machine: simulated hosts, containers).
 pub(crate) fn kernel_id() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = boot_id();
     if boot.trim().is_empty() {
         return String::new();
     }
@@ -56,6 +56,11 @@ pub(crate) fn kernel_id() -> String {
         .chain_update(boot.trim())
         .finalize();
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The kernel's boot id ("" if unreadable).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default()
 }
 
 /// The kernel's host name.
@@ -192,8 +197,8 @@ impl Topology {
         self.hosts[a] == self.hosts[b]
     }
 
-    /// Whether two ranks run on the same CPUs' kernel: the same known kernel, or (where either
-    /// is unknown) the same host.
+    /// Whether two ranks compete for the same CPUs: they run under the same known kernel, or
+    /// (where either kernel is unknown) on the same host.
     pub fn share_cpus(&self, a: Rank, b: Rank) -> bool {
         let (ka, kb) = (&self.ranks[a].kernel, &self.ranks[b].kernel);
         if ka.is_empty() || kb.is_empty() {

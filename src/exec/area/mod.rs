@@ -459,13 +459,13 @@ impl AreaPath {
                 return Err(self.mismatch(w, r, &desc, &theirs));
             }
             if r != self.rank {
-                // Checked now: the lagged check need not read it again.
-                let _ = self.checked[r].compare_exchange(
-                    turn,
-                    turn + 1,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
+                // Checked now: the lagged check need not read it again. One call at a time
+                // runs on this path (the engine's), as `catch_up` assumes too: a load and a
+                // store, not a locked compare-exchange, which would wait for this call's
+                // stores to reach the cache on every read of a peer.
+                if self.checked[r].load(Ordering::Relaxed) == turn {
+                    self.checked[r].store(turn + 1, Ordering::Relaxed);
+                }
             }
             each(r, p.data)?;
         }

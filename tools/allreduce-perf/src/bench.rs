@@ -424,8 +424,8 @@ impl<'a> Bench<'a> {
 
     /// `iters` calls back to back (a barrier after each with `-z 1`); appends the durations
     /// of up to [`TIMED_SINGLY`] of them, evenly spaced, to `durations` and returns the total,
-    /// in seconds. Timing every call would cost each two readings of the time-stamp counter
-    /// (23 ns each in a 2-core VM, 2026-11-27), which the peers' loops do not pay: 7% of an
+    /// in seconds. Timing every call cost a reading of the time-stamp counter per call (23 ns
+    /// in a 2-core VM, 2026-11-27) and a push, which the peers' loops do not pay: 7% of an
     /// 8-byte broadcast. Every rank times the same calls, so `-a` combines them call by call.
     fn timed(
         &self,

@@ -154,8 +154,9 @@ impl Inbox {
             // Reading an empty socket costs what asking poll(2) would, and data that has
             // arrived comes with it, one system call sooner: an 8-byte exchange between two
             // processes over loopback took 4.4-5.3 us spinning on recv and 6.1-6.5 us polling
-            // first; 2 ranks, 8-byte all-reduce: 6.2 us against 8.6 (2026-11-27, kernel 6.18).
-            // On the 2026-11-22 host, polling first was the faster (12.5 against 20 us).
+            // first; 2 ranks, 8-byte all-reduce: 6.2-6.3 us against 7.0-8.6 (2026-11-27,
+            // kernel 6.18). On the 2026-11-22 host, polling first was the faster (12.5
+            // against 20 us).
             let (n, offered) = match self.read(sock, out) {
                 Ok(Some(r)) => r,
                 Ok(None) => break,

@@ -455,10 +455,10 @@ impl Communicator {
     ///
     /// Ranks that share cores fall out of step between two measurements (one waits asleep while
     /// another finishes): measured at once, a 4-rank 8-byte all-reduce on 2 cores took 200-700
-    /// µs against the 6.6 µs it takes in a run. And calls timed one by one each pay for the slowest rank's wake-up, where calls
-    /// back to back — as applications and benchmarks make them — overlap it: timed one by one,
-    /// that all-reduce took 13.5-15 µs through the area (6.6 µs in a run), and the tuner sent it
-    /// over the links (12.6 µs in a run).
+    /// µs against the 6.6 µs it takes in a run. And calls timed one by one each pay for the
+    /// slowest rank's wake-up, where calls back to back — as applications and benchmarks make
+    /// them — overlap it: timed one by one, that all-reduce took 13.5-15 µs through the area
+    /// (6.6 µs in a run), and the tuner sent it over the links (12.6 µs in a run).
     fn time(
         &self,
         plan: &Plan,

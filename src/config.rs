@@ -100,6 +100,10 @@ pub struct Config {
     pub topo_file: Option<PathBuf>,
     /// Where rank 0 writes the job's topology as JSON after creation (`OXCCL_TOPO_DUMP_FILE`).
     pub topo_dump_file: Option<PathBuf>,
+    /// The NVML library discovery asks about NVLinks and peer-to-peer reachability where the
+    /// host has NVIDIA GPUs (`OXCCL_NVML_LIBRARY`: a path or a name for the dynamic loader;
+    /// default [`Config::DEFAULT_NVML_LIBRARY`]; `none`: do not load NVML).
+    pub nvml_library: Option<PathBuf>,
     /// Calls the flight recorder keeps per communicator (`OXCCL_TRACE_ENTRIES`; default
     /// [`crate::trace::DEFAULT_ENTRIES`]; 0 turns it off; at most
     /// [`crate::trace::MAX_ENTRIES`]). See [`crate::trace`].
@@ -133,6 +137,7 @@ impl Default for Config {
             tune_file: None,
             topo_file: None,
             topo_dump_file: None,
+            nvml_library: Some(PathBuf::from(Self::DEFAULT_NVML_LIBRARY)),
             trace_entries: crate::trace::DEFAULT_ENTRIES,
             trace_dir: None,
             trace_signal: true,
@@ -145,6 +150,9 @@ impl Config {
     pub const DEFAULT_DIRECT_MIN: usize = 16 << 10;
     /// [`Config::direct_max`] when only [`Config::direct_min`] is set.
     pub const DEFAULT_DIRECT_MAX: usize = 4 << 20;
+
+    /// Default of [`Config::nvml_library`]: the name NVIDIA's driver installs, as NCCL loads it.
+    pub const DEFAULT_NVML_LIBRARY: &'static str = "libnvidia-ml.so.1";
 
     /// Default of [`Config::heartbeat`].
     pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
@@ -275,6 +283,12 @@ impl Config {
         c.topo_dump_file = get("OXCCL_TOPO_DUMP_FILE")
             .filter(|v| !v.trim().is_empty())
             .map(PathBuf::from);
+        if let Some(v) = get("OXCCL_NVML_LIBRARY").filter(|v| !v.trim().is_empty()) {
+            c.nvml_library = match v.trim() {
+                n if n.eq_ignore_ascii_case("none") || n.eq_ignore_ascii_case("off") => None,
+                n => Some(PathBuf::from(n)),
+            };
+        }
         if let Some(v) = get("OXCCL_TRACE_ENTRIES") {
             c.trace_entries = number("OXCCL_TRACE_ENTRIES", &v, "not a count")?;
         }
@@ -448,6 +462,14 @@ impl Config {
     pub fn topo_file(self, path: Option<PathBuf>) -> Config {
         Config {
             topo_file: path,
+            ..self
+        }
+    }
+
+    /// With [`Config::nvml_library`] set.
+    pub fn nvml_library(self, library: Option<PathBuf>) -> Config {
+        Config {
+            nvml_library: library,
             ..self
         }
     }

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
 
 /// Every variable `Config::from_vars` reads.
-const VARS: [&str; 16] = [
+const VARS: [&str; 17] = [
     "OXCCL_TIMEOUT",
     "OXCCL_ALGO",
     "OXCCL_TRANSPORTS",
@@ -30,6 +30,7 @@ const VARS: [&str; 16] = [
     "OXCCL_TRACE_DIR",
     "OXCCL_TRACE_SIGNAL",
     "OXCCL_HEARTBEAT",
+    "OXCCL_NVML_LIBRARY",
 ];
 
 /// Longer than anything here should take: past it, the call hangs.
@@ -78,6 +79,26 @@ fn all_reduce_on_two(config: Config) -> oxccl::Result<()> {
         assert_eq!(recv?, want);
     }
     Ok(())
+}
+
+#[test]
+fn the_nvml_library_is_named_or_turned_off() {
+    let nvml = |v: Option<&str>| {
+        let pairs: Vec<(&str, String)> = v
+            .map(|v| ("OXCCL_NVML_LIBRARY", v.to_owned()))
+            .into_iter()
+            .collect();
+        from_pairs(&pairs).unwrap().nvml_library
+    };
+    let default = Some(std::path::PathBuf::from("libnvidia-ml.so.1"));
+    assert_eq!(nvml(None), default);
+    assert_eq!(nvml(Some(" ")), default);
+    assert_eq!(nvml(Some("none")), None);
+    assert_eq!(nvml(Some(" Off ")), None);
+    assert_eq!(
+        nvml(Some(" /opt/nv/libnvidia-ml.so.1 ")),
+        Some("/opt/nv/libnvidia-ml.so.1".into())
+    );
 }
 
 #[test]
@@ -312,6 +333,13 @@ fn valid(var: &'static str) -> BoxedStrategy<String> {
         ]
         .boxed(),
         "OXCCL_TRACE_DIR" => strings(&["", "/tmp/oxccl-trace-config-test"]),
+        "OXCCL_NVML_LIBRARY" => strings(&[
+            "",
+            "none",
+            " OFF ",
+            "libnvidia-ml.so.1",
+            "/nonexistent/libnvidia-ml.so.1",
+        ]),
         "OXCCL_TRACE_SIGNAL" => strings(&["0", "1", "off", " ON ", "no", ""]),
         "OXCCL_HEARTBEAT" => prop_oneof![
             (0.1f64..100.0).prop_map(|s| s.to_string()),
@@ -403,8 +431,11 @@ fn environment(with_bad: bool) -> impl Strategy<Value = Vec<(&'static str, Kind,
                 return prop_oneof![1 => absent, 2 => valid].boxed();
             }
             let arbitrary = arbitrary().prop_map(move |v| (var, Kind::Arbitrary, Some(v)));
-            // Any interface list and any directory are accepted.
-            if var == "OXCCL_SOCKET_IFNAME" || var == "OXCCL_TRACE_DIR" {
+            // Any interface list, directory and library are accepted.
+            if var == "OXCCL_SOCKET_IFNAME"
+                || var == "OXCCL_TRACE_DIR"
+                || var == "OXCCL_NVML_LIBRARY"
+            {
                 return prop_oneof![3 => absent, 3 => valid, 2 => arbitrary].boxed();
             }
             let invalid = invalid(var).prop_map(move |v| (var, Kind::Invalid, Some(v)));

@@ -13,7 +13,8 @@
 //! guard zones around every operand are checked afterwards; results must match bit for bit
 //! (any NaN matches any NaN). Without a device these tests print "skipped: no CUDA device
 //! (...)" and pass, unless `OXCCL_REQUIRE_CUDA` is set (tools/gpu-check sets it). The seed is
-//! printed; `OXCCL_TEST_SEED` replays one.
+//! printed; `OXCCL_TEST_SEED` replays one. With a device, the topology's NVIDIA GPUs must be
+//! the ones `nvidia-smi` lists, each with NVML's answer (NVLinks, peer-to-peer reachability).
 #![cfg(feature = "cuda")]
 
 use std::time::Instant;
@@ -648,4 +649,65 @@ fn bad_operands_are_invalid_arguments() {
     )
     .unwrap();
     r.synchronize().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The topology's GPUs, against nvidia-smi.
+
+/// With a device, discovery finds this host's NVIDIA GPUs on the PCI bus and NVML answers for
+/// each (its peer-to-peer list is known, its NVLinks listed): checked against `nvidia-smi`'s
+/// bus ids, and printed beside `nvidia-smi topo -m` for a person to compare the links.
+#[test]
+fn the_topology_sees_every_gpu_and_nvml_answers_for_it() {
+    if device_or_skip().is_none() {
+        return;
+    }
+    let comms = oxccl::Communicator::init_local(1, oxccl::Config::default()).unwrap();
+    let t = comms[0].topology();
+    println!("{t}");
+    let smi = |args: &[&str]| {
+        std::process::Command::new("nvidia-smi")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let Some(buses) = smi(&["--query-gpu=pci.bus_id", "--format=csv,noheader"]) else {
+        assert!(
+            std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
+            "OXCCL_REQUIRE_CUDA is set, but nvidia-smi does not answer"
+        );
+        println!("skipped: no nvidia-smi to compare with");
+        return;
+    };
+    if let Some(m) = smi(&["topo", "-m"]) {
+        println!("nvidia-smi topo -m:\n{m}");
+    }
+    // nvidia-smi writes `00000000:18:00.0`; sysfs (and the topology) `0000:18:00.0`.
+    let mut want: Vec<String> = buses
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let l = l.trim().to_ascii_lowercase();
+            match l.split_once(':') {
+                Some((domain, rest)) if domain.len() > 4 => {
+                    format!("{}:{rest}", &domain[domain.len() - 4..])
+                }
+                _ => l,
+            }
+        })
+        .collect();
+    want.sort();
+    let gpus = &t.machines[0].gpus;
+    let mut got: Vec<String> = gpus
+        .iter()
+        .filter(|g| g.vendor == "0x10de")
+        .map(|g| g.pci.clone())
+        .collect();
+    got.sort();
+    assert_eq!(got, want, "the topology's NVIDIA GPUs against nvidia-smi's");
+    for g in gpus.iter().filter(|g| g.vendor == "0x10de") {
+        assert!(g.p2p.is_some(), "NVML did not answer for {}: {t}", g.pci);
+    }
 }

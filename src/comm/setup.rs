@@ -335,8 +335,13 @@ fn topology(
             })
         };
         let me = &infos[rank];
-        let (host, mut place) =
-            discover::local(std::path::Path::new("/"), &me.host, &topo::host_name(), nic);
+        let (host, mut place) = discover::local(
+            std::path::Path::new("/"),
+            &me.host,
+            &topo::host_name(),
+            nic,
+            config.nvml_library.as_deref(),
+        );
         place.rdma = rdma;
         let mine = serde_json::to_vec(&(host, place))
             .map_err(|e| Error::Bootstrap(format!("rank {rank}: topology: {e}")))?;

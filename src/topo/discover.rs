@@ -1,16 +1,24 @@
 //! What this process sees of its host: NUMA nodes with their cores and memory, its CPU binding,
 //! the caches, the NICs (addresses, speed, NUMA node, RDMA devices on them) and the GPUs (PCI
-//! bus id, NUMA node), read from `/sys` and `/proc` under a root that tests point at a fixture
-//! tree. Anything unreadable is left out or marked unknown: discovery never fails.
+//! bus id, NUMA node; NVLinks and peer-to-peer reachability from NVML where it is present), read
+//! from `/sys` and `/proc` under a root that tests point at a fixture tree. Anything unreadable is
+//! left out or marked unknown: discovery never fails.
 
 use std::fs;
 use std::path::Path;
 
-use super::{Cache, Gpu, Host, Nic, NumaNode, Place, cpulist};
+use super::{Cache, Gpu, Host, Nic, NumaNode, NvLink, Place, cpulist, nvml};
 
 /// This host's hardware and this process's place on it, read under `root` ("/" in real use);
-/// `id` and `name` are the host identity and host name, `nic` the interface TCP uses.
-pub(crate) fn local(root: &Path, id: &str, name: &str, nic: Option<String>) -> (Host, Place) {
+/// `id` and `name` are the host identity and host name, `nic` the interface TCP uses, `nvml`
+/// the NVML library to ask about NVIDIA GPUs (`None`: do not load it).
+pub(crate) fn local(
+    root: &Path,
+    id: &str,
+    name: &str,
+    nic: Option<String>,
+    nvml: Option<&Path>,
+) -> (Host, Place) {
     let numa = numa_nodes(root);
     let cpus = allowed_cpus(root);
     let mut nodes: Vec<u32> = numa
@@ -28,7 +36,7 @@ pub(crate) fn local(root: &Path, id: &str, name: &str, nic: Option<String>) -> (
         numa,
         caches: caches(root),
         nics: nics(root),
-        gpus: gpus(root),
+        gpus: gpus(root, nvml),
     };
     let place = Place {
         host: 0,
@@ -223,9 +231,11 @@ fn nics(root: &Path) -> Vec<Nic> {
         .collect()
 }
 
-/// PCI display and 3D controllers (class 0x0300, 0x0302) of NVIDIA (0x10de) and AMD (0x1002).
-fn gpus(root: &Path) -> Vec<Gpu> {
-    entries(root, "/sys/bus/pci/devices")
+/// PCI display and 3D controllers (class 0x0300, 0x0302) of NVIDIA (0x10de) and AMD (0x1002);
+/// for the NVIDIA ones, what the NVML library at `nvml` says of their NVLinks and peer-to-peer
+/// reachability (loaded only when there is an NVIDIA GPU).
+fn gpus(root: &Path, nvml: Option<&Path>) -> Vec<Gpu> {
+    let mut gpus: Vec<Gpu> = entries(root, "/sys/bus/pci/devices")
         .into_iter()
         .filter_map(|bus| {
             let dir = format!("/sys/bus/pci/devices/{bus}");
@@ -238,9 +248,57 @@ fn gpus(root: &Path) -> Vec<Gpu> {
                 numa: numa_of(root, &format!("{dir}/numa_node")),
                 pci: bus,
                 vendor,
+                nvlinks: Vec::new(),
+                p2p: None,
             })
         })
-        .collect()
+        .collect();
+    let nvidia: Vec<String> = gpus
+        .iter()
+        .filter(|g| g.vendor == "0x10de")
+        .map(|g| g.pci.clone())
+        .collect();
+    let Some(reach) = nvml
+        .filter(|_| !nvidia.is_empty())
+        .and_then(|lib| nvml::query(lib, &nvidia))
+    else {
+        return gpus;
+    };
+    let known: Vec<String> = gpus.iter().map(|g| g.pci.clone()).collect();
+    for (bus, r) in nvidia.iter().zip(reach) {
+        let Some(r) = r else { continue };
+        let Some(g) = gpus.iter_mut().find(|g| &g.pci == bus) else {
+            continue;
+        };
+        for end in r.nvlinks {
+            match g.nvlinks.iter_mut().find(|l| l.peer == end) {
+                Some(l) => l.links += 1,
+                None => g.nvlinks.push(NvLink {
+                    kind: link_end_kind(root, &end, &known),
+                    peer: end,
+                    links: 1,
+                }),
+            }
+        }
+        g.p2p = Some(r.p2p);
+    }
+    gpus
+}
+
+/// What sits at the far end of an NVLink: `gpu` (one of this host's), `nvswitch` (a PCI bridge
+/// of class 0x0680, as NVSwitches show themselves), `cpu` (an IBM NPU, vendor 0x1014) or `other`.
+fn link_end_kind(root: &Path, bus: &str, gpus: &[String]) -> String {
+    if gpus.iter().any(|g| g == bus) {
+        return "gpu".into();
+    }
+    let dir = format!("/sys/bus/pci/devices/{bus}");
+    let class = read(root, &format!("{dir}/class")).unwrap_or_default();
+    let vendor = read(root, &format!("{dir}/vendor")).unwrap_or_default();
+    match (class.starts_with("0x0680"), vendor.as_str()) {
+        (true, "0x1014") => "cpu".into(),
+        (true, _) => "nvswitch".into(),
+        _ => "other".into(),
+    }
 }
 
 #[cfg(test)]
@@ -310,7 +368,7 @@ mod tests {
     #[test]
     fn reads_numa_binding_caches_nics_and_gpus_from_a_fixture_tree() {
         let root = fixture();
-        let (host, place) = local(&root, "id7", "node7", Some("ib0".into()));
+        let (host, place) = local(&root, "id7", "node7", Some("ib0".into()), None);
         fs::remove_dir_all(&root).unwrap();
         assert_eq!((host.id.as_str(), host.name.as_str()), ("id7", "node7"));
         assert_eq!(host.numa.len(), 2);
@@ -362,10 +420,99 @@ mod tests {
         );
     }
 
+    /// Builds `tests/data/fake_nvml.c` (a made-up host's NVML) into a shared library.
+    fn fake_nvml(dir: &Path) -> PathBuf {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fake_nvml.c");
+        let lib = dir.join("libnvidia-ml-fake.so.1");
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .expect("cc (the linker Rust uses) runs");
+        assert!(
+            out.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lib
+    }
+
+    #[test]
+    fn nvlinks_and_peer_to_peer_reachability_come_from_nvml() {
+        let root = std::env::temp_dir().join(format!("oxccl-nvml-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let put = |path: &str, text: &str| {
+            let p = root.join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        };
+        // The host fake_nvml.c describes, plus an AMD GPU and an NVIDIA one NVML does not know.
+        for (bus, class, vendor) in [
+            ("0000:05:00.0", "0x068000", "0x10de"),
+            ("0000:1a:00.0", "0x030200", "0x10de"),
+            ("0000:1b:00.0", "0x030200", "0x10de"),
+            ("0000:3c:00.0", "0x030200", "0x10de"),
+            ("0000:3d:00.0", "0x030200", "0x10de"),
+            ("0000:c1:00.0", "0x030000", "0x1002"),
+            ("0000:e1:00.0", "0x030200", "0x10de"),
+        ] {
+            let d = format!("sys/bus/pci/devices/{bus}");
+            put(&format!("{d}/class"), class);
+            put(&format!("{d}/vendor"), vendor);
+            put(&format!("{d}/device"), "0x2330");
+            put(&format!("{d}/numa_node"), "0");
+        }
+        let lib = fake_nvml(&root);
+        let gpus = gpus(&root, Some(&lib));
+        let got: Vec<String> = gpus
+            .iter()
+            .map(|g| {
+                let links: Vec<String> = g
+                    .nvlinks
+                    .iter()
+                    .map(|l| format!("{} {} x{}", l.peer, l.kind, l.links))
+                    .collect();
+                format!("{} | {} | {:?}", g.pci, links.join(", "), g.p2p)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                r#"0000:1a:00.0 | 0000:1b:00.0 gpu x3 | Some(["0000:1b:00.0", "0000:3c:00.0"])"#,
+                r#"0000:1b:00.0 | 0000:1a:00.0 gpu x3 | Some(["0000:1a:00.0"])"#,
+                r#"0000:3c:00.0 | 0000:05:00.0 nvswitch x4 | Some(["0000:3d:00.0"])"#,
+                r#"0000:3d:00.0 | 0000:05:00.0 nvswitch x4 | Some(["0000:3c:00.0"])"#,
+                "0000:c1:00.0 |  | None",
+                "0000:e1:00.0 |  | None",
+            ]
+        );
+        // Every init was paired with a shutdown.
+        // SAFETY: the library built above; `fake_nvml_inits` is `int (void)`.
+        let open = unsafe {
+            let l = libloading::Library::new(&lib).unwrap();
+            let f: libloading::Symbol<unsafe extern "C" fn() -> std::ffi::c_int> =
+                l.get(b"fake_nvml_inits").unwrap();
+            f()
+        };
+        assert_eq!(open, 0);
+        // Without NVML (none asked for, or none there) the GPUs are found and nothing more.
+        for nvml in [None, Some(root.join("missing.so"))] {
+            let plain = super::gpus(&root, nvml.as_deref());
+            assert_eq!(plain.len(), 6);
+            assert!(
+                plain
+                    .iter()
+                    .all(|g| g.nvlinks.is_empty() && g.p2p.is_none())
+            );
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn a_missing_tree_gives_empty_but_valid_data() {
         let root = Path::new("/nonexistent-oxccl-root");
-        let (host, place) = local(root, "h", "h", None);
+        let (host, place) = local(root, "h", "h", None, None);
         assert_eq!(host.numa.len(), 1);
         assert!(host.nics.is_empty() && host.gpus.is_empty() && host.caches.is_empty());
         assert_eq!(place.cpus, "");
@@ -373,7 +520,13 @@ mod tests {
 
     #[test]
     fn the_real_machine_has_a_numa_node_and_a_binding() {
-        let (host, place) = local(Path::new("/"), "x", "x", None);
+        let (host, place) = local(
+            Path::new("/"),
+            "x",
+            "x",
+            None,
+            Some(Path::new("libnvidia-ml.so.1")),
+        );
         assert!(!host.numa.is_empty());
         assert!(!cpulist::parse(&place.cpus).is_empty(), "{place:?}");
         assert!(!place.numa.is_empty(), "{host:?} {place:?}");

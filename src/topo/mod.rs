@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::types::Rank;
 
 pub(crate) mod discover;
+mod nvml;
 
 /// The version of [`Topology`]'s serialized form; a fixture of another version is refused.
 pub const TOPOLOGY_VERSION: u32 = 1;
@@ -153,6 +154,25 @@ pub struct Gpu {
     pub device: String,
     /// NUMA node (`None`: unknown).
     pub numa: Option<i32>,
+    /// Its NVLinks that are up and carry peer-to-peer traffic, grouped by the device at their
+    /// far end (from NVML; empty where NVML is absent or the GPU has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlinks: Vec<NvLink>,
+    /// The GPUs of this host (PCI bus ids) it may read peer to peer, as NVML says (`None`:
+    /// unknown — no NVML, or not an NVIDIA GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p: Option<Vec<String>>,
+}
+
+/// The NVLinks between a GPU and one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    /// PCI bus id of the device at the far end.
+    pub peer: String,
+    /// What it is: `gpu` (another GPU of this host), `nvswitch`, `cpu` (an IBM NPU) or `other`.
+    pub kind: String,
+    /// How many links go there.
+    pub links: u32,
 }
 
 /// Where one rank runs.
@@ -413,9 +433,29 @@ impl fmt::Display for Topology {
                 writeln!(f, "  gpus: none")?;
             }
             for g in &m.gpus {
+                let (nvlink, p2p) = match &g.p2p {
+                    None => ("?".to_owned(), "?".to_owned()),
+                    Some(p2p) => (
+                        if g.nvlinks.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            let l: Vec<String> = g
+                                .nvlinks
+                                .iter()
+                                .map(|l| format!("{} x{} ({})", l.peer, l.links, l.kind))
+                                .collect();
+                            l.join(", ")
+                        },
+                        if p2p.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            p2p.join(" ")
+                        },
+                    ),
+                };
                 writeln!(
                     f,
-                    "  gpu {} ({}:{}); numa {}",
+                    "  gpu {} ({}:{}); numa {}; nvlink {nvlink}; p2p {p2p}",
                     g.pci,
                     g.vendor,
                     g.device,
@@ -567,12 +607,57 @@ mod tests {
 
     #[test]
     fn display_shows_hosts_ranks_and_hardware() {
-        let (host, place) = discover::local(Path::new("/"), "id0", "box", Some("eth0".to_owned()));
+        let (host, place) =
+            discover::local(Path::new("/"), "id0", "box", Some("eth0".to_owned()), None);
         let t = Topology::assemble(vec![(host.clone(), place.clone()), (host, place)]);
         let text = t.to_string();
         assert!(text.starts_with("topology: 2 ranks on 1 hosts\nhost 0 box (id0): ranks 0 1\n"));
         assert!(text.contains("  numa 0: cpus "), "{text}");
         assert!(text.contains("  rank 1: pid "), "{text}");
         assert!(text.contains("nic eth0"), "{text}");
+    }
+
+    #[test]
+    fn display_shows_nvlinks_and_peer_to_peer_or_that_they_are_unknown() {
+        let (mut host, place) = discover::local(Path::new("/"), "id0", "box", None, None);
+        let gpu = |pci: &str, nvlinks: Vec<NvLink>, p2p: Option<Vec<String>>| Gpu {
+            pci: pci.into(),
+            vendor: "0x10de".into(),
+            device: "0x2330".into(),
+            numa: Some(1),
+            nvlinks,
+            p2p,
+        };
+        let link = |peer: &str, kind: &str, links| NvLink {
+            peer: peer.into(),
+            kind: kind.into(),
+            links,
+        };
+        host.gpus = vec![
+            gpu(
+                "0000:1a:00.0",
+                vec![
+                    link("0000:1b:00.0", "gpu", 4),
+                    link("0000:05:00.0", "nvswitch", 2),
+                ],
+                Some(vec!["0000:1b:00.0".into()]),
+            ),
+            gpu("0000:1b:00.0", vec![], Some(vec![])),
+            gpu("0000:1c:00.0", vec![], None),
+        ];
+        let t = Topology::assemble(vec![(host, place)]);
+        let text = t.to_string();
+        for line in [
+            "  gpu 0000:1a:00.0 (0x10de:0x2330); numa 1; nvlink 0000:1b:00.0 x4 (gpu), \
+             0000:05:00.0 x2 (nvswitch); p2p 0000:1b:00.0\n",
+            "  gpu 0000:1b:00.0 (0x10de:0x2330); numa 1; nvlink -; p2p -\n",
+            "  gpu 0000:1c:00.0 (0x10de:0x2330); numa 1; nvlink ?; p2p ?\n",
+        ] {
+            assert!(text.contains(line), "{line:?} not in\n{text}");
+        }
+        // The JSON form carries them and leaves them out where unknown (older fixtures parse).
+        let json = t.to_json();
+        assert_eq!(Topology::from_json(&json).unwrap(), t);
+        assert_eq!(json.matches("\"p2p\"").count(), 2, "{json}");
     }
 }

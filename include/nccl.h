@@ -14,8 +14,11 @@
  *   - ncclGetErrorString words its strings as NCCL does.
  * Every function also exists as pnccl* (pncclAllReduce, ...), the names profilers interpose.
  *
- * Memory: host memory in this version; pass NULL as the stream (a CUDA stream is refused with
- * ncclInvalidUsage), and a call completes before it returns.
+ * Memory: a NULL stream means host memory, and a call completes before it returns. With a CUDA
+ * stream the collectives take CUDA device memory, staged through host memory in stream order
+ * (not yet inside a group, on a non-blocking communicator, or for ncclSend/ncclRecv:
+ * ncclInvalidUsage). A NULL stream is CUDA's default stream where the program had loaded CUDA
+ * before it made the communicator and the buffer is device memory; otherwise host memory.
  *
  * CUDA: this header needs no CUDA toolkit. It declares cudaStream_t exactly as CUDA's
  * driver_types.h does unless CUDA's runtime headers are already included, or can be found, in

@@ -2,9 +2,15 @@
  * oxccl.h: the C ABI of oxccl, collective communication for CPUs (nccl.h's API with an
  * oxccl prefix and nccl.h's numeric values).
  *
- * Memory: host memory only in this version; the trailing `stream` argument of every
- * collective must be NULL. A call on a blocking communicator (the default) completes before it
- * returns; inside oxcclGroupStart/oxcclGroupEnd the calls complete when oxcclGroupEnd returns;
+ * Memory: with a NULL `stream` (the trailing argument), host memory. With a CUDA stream, a
+ * collective's buffers must be CUDA device memory (a host buffer with a stream is
+ * oxcclInvalidArgument); the call copies what it reads from the device on that stream, after
+ * the stream's earlier work, runs on the host, and enqueues the copy of the result on the same
+ * stream before it returns (staged through host memory, for now; not yet inside a group, on a
+ * non-blocking communicator, or for oxcclSend/oxcclRecv: oxcclInvalidUsage). A NULL stream
+ * is CUDA's default stream where the program had loaded CUDA before it made the communicator
+ * and the buffer is device memory. A host-memory call on a blocking communicator (the default)
+ * completes before it returns; inside oxcclGroupStart/oxcclGroupEnd the calls complete when oxcclGroupEnd returns;
  * on a non-blocking communicator (oxcclConfig_t.blocking = 0) they return oxcclInProgress and
  * complete when oxcclCommGetAsyncError reports oxcclSuccess.
  *
@@ -151,7 +157,8 @@ typedef int oxcclDataType_t;
 // only.
 typedef int oxcclRedOp_t;
 
-// A CUDA stream (`cudaStream_t`); must be NULL in this host-memory build.
+// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective given a stream takes
+// CUDA device memory, ordered on that stream.
 typedef void *oxcclStream_t;
 
 // Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).
@@ -176,8 +183,8 @@ typedef struct oxcclWindow *oxcclWindow_t;
 // An argument was wrong; `oxcclGetLastError` names it.
 #define oxcclInvalidArgument 4
 
-// The call is not allowed in this state or configuration (a CUDA stream in this host-only
-// build, ranks whose calls do not match).
+// The call is not allowed in this state or configuration (a CUDA stream where this version
+// takes host memory only, ranks whose calls do not match).
 #define oxcclInvalidUsage 5
 
 // A peer failed (died, closed its connection, aborted) or the communicator was aborted.

@@ -17,8 +17,8 @@ pub const oxcclSystemError: oxcclResult_t = 2;
 pub const oxcclInternalError: oxcclResult_t = 3;
 /// An argument was wrong; `oxcclGetLastError` names it.
 pub const oxcclInvalidArgument: oxcclResult_t = 4;
-/// The call is not allowed in this state or configuration (a CUDA stream in this host-only
-/// build, ranks whose calls do not match).
+/// The call is not allowed in this state or configuration (a CUDA stream where this version
+/// takes host memory only, ranks whose calls do not match).
 pub const oxcclInvalidUsage: oxcclResult_t = 5;
 /// A peer failed (died, closed its connection, aborted) or the communicator was aborted.
 pub const oxcclRemoteError: oxcclResult_t = 6;
@@ -121,7 +121,8 @@ pub struct oxcclComm {
 /// caller or by oxccl, only looked up among the live communicators.
 pub type oxcclComm_t = *mut oxcclComm;
 
-/// A CUDA stream (`cudaStream_t`); must be NULL in this host-memory build.
+/// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective given a stream takes
+/// CUDA device memory, ordered on that stream.
 pub type oxcclStream_t = *mut std::ffi::c_void;
 
 /// Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).

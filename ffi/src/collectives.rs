@@ -2,9 +2,10 @@
 //! Counts are in elements; a call is in place when the buffers lie as nccl.h defines it
 //! (`sendbuff == recvbuff`, or the rank's block of the larger buffer for all-gather,
 //! reduce-scatter, and gather and scatter at the root), and other overlapping buffers are an
-//! error. Host memory only: `stream` must be NULL. Each function checks its arguments, builds a
-//! [`Plan`] and hands it to `dispatch`, which runs it now, starts it (non-blocking
-//! communicators) or keeps it for `oxcclGroupEnd`.
+//! error. A NULL `stream` means host memory; a collective with a CUDA stream takes device memory
+//! ([`crate::device`]); point-to-point calls are host-only for now. Each function checks its
+//! arguments, builds a [`Plan`] and hands it to `dispatch`, which runs it now, starts it
+//! (non-blocking communicators) or keeps it for `oxcclGroupEnd`.
 //!
 //! Buffer contract (for every function here): a buffer the call reads must be readable for its
 //! whole length, a buffer it writes readable and writable, and no other thread may write to
@@ -26,14 +27,13 @@ use crate::entry::Entry;
 use crate::handles;
 use crate::ops::{Operator, operator};
 
-/// The checks every call starts with: the stream, the handle, the data type; and the
-/// communicator's (rank, size).
+/// The checks every call starts with: the handle, the data type; and the communicator's
+/// (rank, size). A collective's stream is looked at by [`collective`], a point-to-point
+/// call's (host memory only for now) before this.
 fn prepare(
     comm: oxcclComm_t,
-    stream: oxcclStream_t,
     datatype: oxcclDataType_t,
 ) -> Result<(Arc<Entry>, DataType, usize, usize), Failure> {
-    host_only(stream)?;
     let entry = handles::get(comm, "comm")?;
     let dtype = data_type(datatype)?;
     let (rank, size) = {
@@ -49,7 +49,7 @@ fn at(a: *const c_void, b: *const c_void, offset: usize) -> bool {
 }
 
 /// How a call's buffers lie.
-enum Buffers {
+pub(crate) enum Buffers {
     /// In place: one buffer holds input and output (the larger of the two, whole).
     Shared(Region),
     /// Apart: they must not overlap.
@@ -57,13 +57,23 @@ enum Buffers {
 }
 
 /// Checks the buffers and issues `plan` with operator `op` (None for collectives that do not
-/// reduce).
-fn collective(entry: &Arc<Entry>, plan: Plan, op: Option<Operator>, buffers: Buffers) -> Outcome {
+/// reduce): on host memory with a NULL `stream`, else on device memory ordered on `stream`
+/// ([`crate::device`]).
+fn collective(
+    entry: &Arc<Entry>,
+    plan: Plan,
+    op: Option<Operator>,
+    buffers: Buffers,
+    stream: oxcclStream_t,
+) -> Outcome {
     let (plan, premul) = match op {
         None => (plan, None),
         Some(Operator::Plain(o)) => (plan.op(o), None),
         Some(Operator::PreMulSum(k)) => (plan, Some(k)),
     };
+    if !stream.is_null() || crate::device::default_stream_device(entry, &buffers) {
+        return crate::device::collective(entry, plan, premul, buffers, stream);
+    }
     let (plan, input, output) = match buffers {
         Buffers::Shared(buf) => {
             let (p, len) = buf.write()?;
@@ -102,7 +112,7 @@ pub unsafe extern "C" fn oxcclAllReduce(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAllReduce", || {
-        let (entry, dtype, _, _) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, _, _) = prepare(comm, datatype)?;
         let op = operator(op, dtype, &entry.operators)?;
         let len = byte_len("count", count, 1, dtype)?;
         let recv = Region::new(recvbuff, len, "recvbuff");
@@ -113,7 +123,7 @@ pub unsafe extern "C" fn oxcclAllReduce(
             Buffers::Apart { send, recv }
         };
         let plan = Plan::new(Collective::AllReduce, count, dtype);
-        collective(&entry, plan, Some(op), buffers)
+        collective(&entry, plan, Some(op), buffers, stream)
     })
 }
 
@@ -134,7 +144,7 @@ pub unsafe extern "C" fn oxcclBroadcast(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclBroadcast", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let recv = Region::new(recvbuff, len, "recvbuff");
@@ -146,7 +156,7 @@ pub unsafe extern "C" fn oxcclBroadcast(
             Buffers::Apart { send, recv }
         };
         let plan = Plan::new(Collective::Broadcast, count, dtype).root(root);
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -165,12 +175,12 @@ pub unsafe extern "C" fn oxcclBcast(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclBcast", || {
-        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let plan = Plan::new(Collective::Broadcast, count, dtype).root(root);
         let buffers = Buffers::Shared(Region::new(buff, len, "buff"));
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -192,7 +202,7 @@ pub unsafe extern "C" fn oxcclReduce(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclReduce", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let op = operator(op, dtype, &entry.operators)?;
         let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
@@ -206,7 +216,7 @@ pub unsafe extern "C" fn oxcclReduce(
             }
         };
         let plan = Plan::new(Collective::Reduce, count, dtype).root(root);
-        collective(&entry, plan, Some(op), buffers)
+        collective(&entry, plan, Some(op), buffers, stream)
     })
 }
 
@@ -227,7 +237,7 @@ pub unsafe extern "C" fn oxcclAllGather(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAllGather", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let block = byte_len("sendcount", sendcount, 1, dtype)?;
         let total = byte_len("sendcount", sendcount, size, dtype)?;
         let recv = Region::new(recvbuff, total, "recvbuff");
@@ -238,7 +248,7 @@ pub unsafe extern "C" fn oxcclAllGather(
             Buffers::Apart { send, recv }
         };
         let plan = Plan::new(Collective::AllGather, sendcount, dtype);
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -261,7 +271,7 @@ pub unsafe extern "C" fn oxcclReduceScatter(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclReduceScatter", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let op = operator(op, dtype, &entry.operators)?;
         let block = byte_len("recvcount", recvcount, 1, dtype)?;
         let total = byte_len("recvcount", recvcount, size, dtype)?;
@@ -273,7 +283,7 @@ pub unsafe extern "C" fn oxcclReduceScatter(
             Buffers::Apart { send, recv }
         };
         let plan = Plan::new(Collective::ReduceScatter, recvcount, dtype);
-        collective(&entry, plan, Some(op), buffers)
+        collective(&entry, plan, Some(op), buffers, stream)
     })
 }
 
@@ -293,7 +303,7 @@ pub unsafe extern "C" fn oxcclAlltoAll(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclAlltoAll", || {
-        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let total = byte_len("count", count, size, dtype)?;
         let recv = Region::new(recvbuff, total, "recvbuff");
         let buffers = if at(sendbuff, recvbuff, 0) {
@@ -303,7 +313,7 @@ pub unsafe extern "C" fn oxcclAlltoAll(
             Buffers::Apart { send, recv }
         };
         let plan = Plan::new(Collective::AllToAll, count, dtype);
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -325,7 +335,7 @@ pub unsafe extern "C" fn oxcclGather(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclGather", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let root = rank_arg("root", root, size)?;
         let block = byte_len("count", count, 1, dtype)?;
         let total = byte_len("count", count, size, dtype)?;
@@ -343,7 +353,7 @@ pub unsafe extern "C" fn oxcclGather(
             }
         };
         let plan = Plan::new(Collective::Gather, count, dtype).root(root);
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -365,7 +375,7 @@ pub unsafe extern "C" fn oxcclScatter(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclScatter", || {
-        let (entry, dtype, rank, size) = prepare(comm, stream, datatype)?;
+        let (entry, dtype, rank, size) = prepare(comm, datatype)?;
         let root = rank_arg("root", root, size)?;
         let block = byte_len("count", count, 1, dtype)?;
         let total = byte_len("count", count, size, dtype)?;
@@ -383,7 +393,7 @@ pub unsafe extern "C" fn oxcclScatter(
             }
         };
         let plan = Plan::new(Collective::Scatter, count, dtype).root(root);
-        collective(&entry, plan, None, buffers)
+        collective(&entry, plan, None, buffers, stream)
     })
 }
 
@@ -405,7 +415,8 @@ pub unsafe extern "C" fn oxcclSend(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclSend", || {
-        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        host_only(stream)?;
+        let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let (ptr, len) = Region::new(sendbuff, len, "sendbuff").read()?;
@@ -434,7 +445,8 @@ pub unsafe extern "C" fn oxcclRecv(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclRecv", || {
-        let (entry, dtype, _, size) = prepare(comm, stream, datatype)?;
+        host_only(stream)?;
+        let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let (ptr, len) = Region::new(recvbuff, len, "recvbuff").write()?;
@@ -464,6 +476,7 @@ pub extern "C" fn oxcclBarrier(comm: oxcclComm_t, stream: oxcclStream_t) -> oxcc
                 send: none,
                 recv: none,
             },
+            stream,
         )
     })
 }

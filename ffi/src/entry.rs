@@ -45,6 +45,10 @@ pub(crate) struct Entry {
     pub(crate) operators: Mutex<Operators>,
     /// Registered memory by handle id; dropping a registration ends it.
     pub(crate) registered: Mutex<BTreeMap<usize, Registration>>,
+    /// Whether the program had loaded libcuda when this communicator was made: then a
+    /// collective with a NULL stream on device memory takes CUDA's default stream
+    /// ([`crate::device`]).
+    pub(crate) cuda: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -70,6 +74,7 @@ impl Entry {
             finalized: AtomicBool::new(false),
             operators: Mutex::new(Operators::default()),
             registered: Mutex::new(BTreeMap::new()),
+            cuda: crate::device::cuda_in_process(),
         }
     }
 

@@ -10,8 +10,9 @@
 //! sizes are checked for overflow, and a panic becomes `oxcclInternalError`. The message of the
 //! last failure on the calling thread is returned by `oxcclGetLastError`.
 //!
-//! This slice supports host memory only: the trailing `stream` argument of the collectives must
-//! be NULL, and a call completes before it returns.
+//! Memory: with a NULL `stream`, host memory, and a call completes before it returns; with a CUDA
+//! stream, a collective's buffers are device memory, staged through host memory in stream
+//! order ([`device`]).
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
@@ -22,6 +23,8 @@ mod abi;
 mod lifecycle;
 
 mod collectives;
+
+mod device;
 
 mod dispatch;
 

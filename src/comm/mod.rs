@@ -12,6 +12,8 @@
 //! any time and unblocks every waiting call with [`Error::Aborted`].
 
 mod api;
+#[cfg(feature = "cuda")]
+mod device;
 mod group;
 mod liveness;
 mod memory;

@@ -334,53 +334,66 @@ fn bad_collective_arguments_are_invalid_arguments() {
 }
 
 #[test]
-fn a_stream_is_invalid_usage() {
+fn a_stream_with_host_memory_is_refused_naming_why() {
     let comms = init_all(1);
     let c = comms[0].0;
     let mut a = [0i32; 4];
     let p = void_mut(&mut a);
     let mut fake_stream = 0u8;
     let stream: oxcclStream_t = (&raw mut fake_stream).cast();
-    let words = "CUDA streams are not supported yet: pass NULL for host memory";
+    // With a CUDA driver the buffer is found to be host memory; without one, the stream cannot
+    // be used at all. Either way before the stream is touched.
+    let (code, words) = match oxccl_core::reduce::cuda::device_count() {
+        Ok(_) => (oxcclInvalidArgument, "is not CUDA device memory"),
+        Err(_) => (oxcclUnhandledCudaError, "a CUDA stream was given"),
+    };
     // SAFETY: the buffer holds 4 ints; the stream is the error under test and is never used.
     unsafe {
         fails(
             oxcclAllReduce(p, p, 4, oxcclInt32, oxcclSum, c, stream),
-            oxcclInvalidUsage,
+            code,
             words,
         );
         fails(
             oxcclBroadcast(p, p, 4, oxcclInt32, 0, c, stream),
-            oxcclInvalidUsage,
+            code,
             words,
         );
-        fails(
-            oxcclBcast(p, 4, oxcclInt32, 0, c, stream),
-            oxcclInvalidUsage,
-            words,
-        );
+        fails(oxcclBcast(p, 4, oxcclInt32, 0, c, stream), code, words);
         fails(
             oxcclReduce(p, p, 4, oxcclInt32, 0, 0, c, stream),
-            oxcclInvalidUsage,
+            code,
             words,
         );
-        fails(
-            oxcclAllGather(p, p, 4, oxcclInt32, c, stream),
-            oxcclInvalidUsage,
-            words,
-        );
+        fails(oxcclAllGather(p, p, 4, oxcclInt32, c, stream), code, words);
         fails(
             oxcclReduceScatter(p, p, 4, oxcclInt32, 0, c, stream),
-            oxcclInvalidUsage,
+            code,
             words,
+        );
+        fails(oxcclAlltoAll(p, p, 4, oxcclInt32, c, stream), code, words);
+        // Point-to-point calls and the barrier take host memory only, for now.
+        let host_only = "CUDA streams are not supported yet: pass NULL for host memory";
+        fails(
+            oxcclSend(p, 4, oxcclInt32, 0, c, stream),
+            oxcclInvalidUsage,
+            host_only,
         );
         fails(
-            oxcclAlltoAll(p, p, 4, oxcclInt32, c, stream),
+            oxcclRecv(p, 4, oxcclInt32, 0, c, stream),
             oxcclInvalidUsage,
-            words,
+            host_only,
         );
+        fails(oxcclBarrier(c, stream), oxcclInvalidUsage, host_only);
+        // Device buffers inside a group are not supported yet, whatever the memory.
+        assert_eq!(oxcclGroupStart(), oxcclSuccess);
+        fails(
+            oxcclAllReduce(p, p, 4, oxcclInt32, oxcclSum, c, stream),
+            oxcclInvalidUsage,
+            "inside a group",
+        );
+        let _ = oxcclGroupEnd();
     }
-    fails(oxcclBarrier(c, stream), oxcclInvalidUsage, words);
     destroy(comms);
 }
 
@@ -639,3 +652,138 @@ fn abort_fails_the_peers_call_with_a_remote_error() {
 }
 
 mod extended;
+
+/// With a GPU: collectives on device memory through the stream argument, 3 ranks on threads on
+/// device 0, against the values computed here; a rooted collective leaves the device memory it
+/// ignores untouched. Without one: "skipped: ..." (a failure with `OXCCL_REQUIRE_CUDA`).
+#[test]
+fn collectives_on_device_memory_through_the_stream_argument() {
+    use oxccl_core::reduce::cuda::cudarc::driver::{CudaContext, DevicePtr};
+    if let Err(e) = oxccl_core::reduce::cuda::device_count().and_then(|n| {
+        (n > 0)
+            .then_some(())
+            .ok_or(oxccl_core::Error::Unavailable("no CUDA device".into()))
+    }) {
+        assert!(
+            std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
+            "OXCCL_REQUIRE_CUDA is set, but {e}"
+        );
+        println!("skipped: {e}");
+        return;
+    }
+    const N: usize = 999;
+    let n = 3;
+    let comms = init_all(n);
+    on_each(&comms, |r, c| {
+        let ctx = CudaContext::new(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        let stream: oxcclStream_t = s.cu_stream().cast();
+        let mine: Vec<f32> = (0..n * N).map(|i| (i % 97) as f32 + r as f32).collect();
+        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let floats = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let sum = |i: usize| -> f32 { (0..n).map(|q| (i % 97) as f32 + q as f32).sum() };
+        let send = s.clone_htod(&bytes(&mine)).unwrap();
+        let recv = s.alloc_zeros::<u8>(n * N * 4).unwrap();
+        {
+            let (sp, _a) = send.device_ptr(&s);
+            let (rp, _b) = recv.device_ptr(&s);
+            let (sp, rp) = (sp as usize as *const c_void, rp as usize as *mut c_void);
+            // SAFETY: device buffers of n × N floats, alive until the stream is synchronised
+            // below; the stream is this thread's.
+            unsafe {
+                ok(oxcclAllReduce(
+                    sp,
+                    rp,
+                    n * N,
+                    oxcclFloat32,
+                    oxcclSum,
+                    c,
+                    stream,
+                ));
+            }
+        }
+        let got = floats(s.clone_dtoh(&recv).unwrap());
+        assert!((0..n * N).all(|i| got[i] == sum(i)), "rank {r}: all-reduce");
+
+        // NCCL's default stream (NULL) with device buffers, as NCCL programs pass it: the
+        // program had loaded libcuda when the communicators were made.
+        let again = s.alloc_zeros::<u8>(n * N * 4).unwrap();
+        s.synchronize().unwrap();
+        {
+            let (sp, _a) = send.device_ptr(&s);
+            let (rp, _b) = again.device_ptr(&s);
+            let (sp, rp) = (sp as usize as *const c_void, rp as usize as *mut c_void);
+            // SAFETY: as above; the default stream is every context's.
+            unsafe {
+                ok(oxcclAllReduce(
+                    sp,
+                    rp,
+                    n * N,
+                    oxcclFloat32,
+                    oxcclSum,
+                    c,
+                    null_mut(),
+                ));
+            }
+        }
+        ctx.synchronize().unwrap();
+        let got = floats(s.clone_dtoh(&again).unwrap());
+        assert!(
+            (0..n * N).all(|i| got[i] == sum(i)),
+            "rank {r}: all-reduce, default stream"
+        );
+
+        // In place reduce-scatter: rank r's block of the sums lands at block r of the buffer.
+        let buf = s.clone_htod(&bytes(&mine)).unwrap();
+        {
+            let (bp, _a) = buf.device_ptr(&s);
+            let whole = bp as usize as *mut c_void;
+            let block = (bp as usize + r * N * 4) as *mut c_void;
+            // SAFETY: as above; `block` lies inside `buf`, as in place defines it.
+            unsafe {
+                ok(oxcclReduceScatter(
+                    whole,
+                    block,
+                    N,
+                    oxcclFloat32,
+                    oxcclSum,
+                    c,
+                    stream,
+                ));
+            }
+        }
+        let got = floats(s.clone_dtoh(&buf).unwrap());
+        assert!(
+            (0..N).all(|i| got[r * N + i] == sum(r * N + i)),
+            "rank {r}: reduce-scatter in place"
+        );
+
+        // Reduce to rank 1: the others' receive buffer keeps its bytes.
+        let kept = s.clone_htod(&vec![0x5au8; N * 4]).unwrap();
+        {
+            let (sp, _a) = send.device_ptr(&s);
+            let (kp, _b) = kept.device_ptr(&s);
+            let (sp, kp) = (sp as usize as *const c_void, kp as usize as *mut c_void);
+            // SAFETY: as above.
+            unsafe {
+                ok(oxcclReduce(sp, kp, N, oxcclFloat32, oxcclMax, 1, c, stream));
+            }
+        }
+        let got = s.clone_dtoh(&kept).unwrap();
+        if r == 1 {
+            let got = floats(got);
+            let max = |i: usize| (i % 97) as f32 + (n - 1) as f32;
+            assert!((0..N).all(|i| got[i] == max(i)), "rank {r}: reduce");
+        } else {
+            assert!(
+                got.iter().all(|&b| b == 0x5a),
+                "rank {r}: reduce touched a non-root"
+            );
+        }
+    });
+    destroy(comms);
+}

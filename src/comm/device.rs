@@ -1,0 +1,246 @@
+//! Collectives on CUDA device memory (feature `cuda`), staged through host memory: the
+//! communicator copies what the call reads from the device on the caller's stream (after
+//! everything the stream already holds), runs the collective on the host engine like any
+//! other, and enqueues the copy of the result back on the same stream, so the stream's later
+//! work sees it. This is the first slice of the GPU path (issue 17): correct for every
+//! collective, every transport and every placement of ranks, and the shape of the path between
+//! hosts without GPUDirect (NCCL stages through host memory there too); reductions of device
+//! data inside a host are still to move onto the device (`kernels/reduce.cu`), and the call is
+//! not yet asynchronous: it returns once the result's copy is enqueued.
+//!
+//! Each method mirrors the host one of the same name without `_device` (same checks, same
+//! errors, lengths in bytes of `dtype` elements), takes device buffers as cudarc's
+//! [`DevicePtr`]/[`DevicePtrMut`] (so safe code cannot pass a host address where a device one
+//! belongs) and the [`CudaStream`] the work is ordered on. Arguments that matter only at the
+//! root are neither read nor written elsewhere.
+
+use std::sync::Arc;
+
+use crate::algo::Collective;
+use crate::error::{Error, Result};
+use crate::reduce::cuda::{CudaStream, DevicePtr, DevicePtrMut};
+use crate::types::{DataType, Rank, ReduceOp};
+
+use super::Communicator;
+
+/// Copies device memory into a new host buffer, on `stream` after its earlier work; returns
+/// once the bytes are on the host.
+fn download<S: DevicePtr<u8>>(
+    stream: &Arc<CudaStream>,
+    src: &S,
+) -> std::result::Result<Vec<u8>, String> {
+    let mut host = vec![0u8; src.len()];
+    if !host.is_empty() {
+        stream
+            .memcpy_dtoh(src, &mut host)
+            .map_err(|e| format!("copying {} bytes from the device: {e}", host.len()))?;
+        stream
+            .synchronize()
+            .map_err(|e| format!("waiting for the copy from the device: {e}"))?;
+    }
+    Ok(host)
+}
+
+/// Enqueues the copy of `host` into device memory on `stream`. From pageable memory the driver
+/// returns once it has taken the bytes, so `host` may go when this returns.
+fn upload<D: DevicePtrMut<u8>>(
+    stream: &Arc<CudaStream>,
+    host: &[u8],
+    dst: &mut D,
+) -> std::result::Result<(), String> {
+    if host.is_empty() {
+        return Ok(());
+    }
+    if dst.len() != host.len() {
+        return Err(format!(
+            "the device buffer has {} bytes where the result has {}",
+            dst.len(),
+            host.len()
+        ));
+    }
+    stream
+        .memcpy_htod(host, dst)
+        .map_err(|e| format!("copying {} bytes to the device: {e}", host.len()))
+}
+
+impl Communicator {
+    fn device_error(&self, c: Collective, why: String) -> Error {
+        Error::Unavailable(format!(
+            "rank {}: {c} on device memory: CUDA: {why}",
+            self.rank()
+        ))
+    }
+
+    /// Out of place: stages `send` (None: this rank's input does not matter), runs `host` on
+    /// host copies, and copies its output back into `recv` (None: this rank's output does not
+    /// matter, and its device memory is left alone).
+    fn staged<S, D>(
+        &self,
+        c: Collective,
+        stream: &Arc<CudaStream>,
+        send: Option<&S>,
+        recv: Option<&mut D>,
+        host: impl FnOnce(&Communicator, &[u8], &mut [u8]) -> Result<()>,
+    ) -> Result<()>
+    where
+        S: DevicePtr<u8>,
+        D: DevicePtrMut<u8>,
+    {
+        let input = match send {
+            Some(s) => download(stream, s).map_err(|e| self.device_error(c, e))?,
+            None => Vec::new(),
+        };
+        let mut output = vec![0u8; recv.as_ref().map_or(0, |r| r.len())];
+        host(self, &input, &mut output)?;
+        if let Some(r) = recv {
+            upload(stream, &output, r).map_err(|e| self.device_error(c, e))?;
+        }
+        Ok(())
+    }
+
+    /// In place: stages `buf`, runs `host` on the host copy, and copies it back.
+    fn staged_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        c: Collective,
+        stream: &Arc<CudaStream>,
+        buf: &mut D,
+        host: impl FnOnce(&Communicator, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut b = download(stream, buf).map_err(|e| self.device_error(c, e))?;
+        host(self, &mut b)?;
+        upload(stream, &b, buf).map_err(|e| self.device_error(c, e))
+    }
+
+    /// [`Communicator::all_reduce_bytes`] on device memory, ordered on `stream`.
+    pub fn all_reduce_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged(
+            Collective::AllReduce,
+            stream,
+            Some(send),
+            Some(recv),
+            |c, i, o| c.all_reduce_bytes(i, o, dtype, op),
+        )
+    }
+
+    /// [`Communicator::all_reduce_in_place_bytes`] on device memory, ordered on `stream`.
+    pub fn all_reduce_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged_in_place(Collective::AllReduce, stream, buf, |c, b| {
+            c.all_reduce_in_place_bytes(b, dtype, op)
+        })
+    }
+
+    /// [`Communicator::broadcast_bytes`] on device memory, ordered on `stream` (`send` is read
+    /// only at the root).
+    pub fn broadcast_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        root: Rank,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let send = (self.rank() == root).then_some(send);
+        self.staged(
+            Collective::Broadcast,
+            stream,
+            send,
+            Some(recv),
+            |c, i, o| c.broadcast_bytes(i, o, dtype, root),
+        )
+    }
+
+    /// [`Communicator::broadcast_in_place_bytes`] on device memory, ordered on `stream`.
+    pub fn broadcast_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        root: Rank,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged_in_place(Collective::Broadcast, stream, buf, |c, b| {
+            c.broadcast_in_place_bytes(b, dtype, root)
+        })
+    }
+
+    /// [`Communicator::reduce_bytes`] on device memory, ordered on `stream` (`recv` is written
+    /// only at the root).
+    pub fn reduce_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Rank,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let recv = (self.rank() == root).then_some(recv);
+        self.staged(Collective::Reduce, stream, Some(send), recv, |c, i, o| {
+            c.reduce_bytes(i, o, dtype, op, root)
+        })
+    }
+
+    /// [`Communicator::all_gather_bytes`] on device memory, ordered on `stream`.
+    pub fn all_gather_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged(
+            Collective::AllGather,
+            stream,
+            Some(send),
+            Some(recv),
+            |c, i, o| c.all_gather_bytes(i, o, dtype),
+        )
+    }
+
+    /// [`Communicator::reduce_scatter_bytes`] on device memory, ordered on `stream`.
+    pub fn reduce_scatter_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged(
+            Collective::ReduceScatter,
+            stream,
+            Some(send),
+            Some(recv),
+            |c, i, o| c.reduce_scatter_bytes(i, o, dtype, op),
+        )
+    }
+
+    /// [`Communicator::all_to_all_bytes`] on device memory, ordered on `stream`.
+    pub fn all_to_all_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        send: &S,
+        recv: &mut D,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged(
+            Collective::AllToAll,
+            stream,
+            Some(send),
+            Some(recv),
+            |c, i, o| c.all_to_all_bytes(i, o, dtype),
+        )
+    }
+}

@@ -1,0 +1,318 @@
+//! Collectives on CUDA device memory through the communicator (`Communicator::*_device`,
+//! feature `cuda`): 4 ranks as threads on device 0, each with a stream of its own; every
+//! collective with device buffers, in place and out of place, for several data types and
+//! operators, on an odd element count, against a reference computed here element by element.
+//! Rooted collectives must leave the device memory they ignore untouched, bad sizes must be an
+//! error naming the rank and the call, and the stream's order must hold: the input is written by
+//! stream work enqueued just before the call, and the output read by stream work enqueued just
+//! after it, with no host synchronisation in between.
+//!
+//! Without a device these tests print "skipped: ..." and pass, unless `OXCCL_REQUIRE_CUDA` is
+//! set (tools/gpu-check sets it), which makes that a failure.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use oxccl::reduce::cuda::cudarc::driver::{CudaContext, CudaStream};
+use oxccl::reduce::cuda::{self, CudaSlice};
+use oxccl::types::{DataType, ReduceOp};
+use oxccl::{Communicator, Config, Error};
+
+const RANKS: usize = 4;
+/// Elements per block: odd, and not a multiple of any vector width.
+const N: usize = 1001;
+
+/// Device 0's context, or `None` after printing why the test is skipped.
+fn context_or_skip() -> Option<Arc<CudaContext>> {
+    let why = match cuda::device_count() {
+        Ok(0) => "no CUDA device".to_owned(),
+        Ok(_) => match CudaContext::new(0) {
+            Ok(ctx) => return Some(ctx),
+            Err(e) => format!("no context on device 0: {e}"),
+        },
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
+        "OXCCL_REQUIRE_CUDA is set, but {why}"
+    );
+    println!("skipped: {why}");
+    None
+}
+
+/// One element type the tests run: its data type and how to make and combine its values.
+trait Value: Copy + PartialEq + std::fmt::Debug + bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: DataType;
+    fn of(x: i64) -> Self;
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
+    /// `sum / n` (floats only: Avg is not run on integers here).
+    fn over(sum: Self, n: usize) -> Self;
+}
+
+/// The float types: exact here, since every value is a small integer.
+macro_rules! float_value {
+    ($t:ty, $d:expr) => {
+        impl Value for $t {
+            const DTYPE: DataType = $d;
+            fn of(x: i64) -> Self {
+                x as $t
+            }
+            fn over(sum: $t, n: usize) -> $t {
+                sum / n as $t
+            }
+            fn combine(op: ReduceOp, a: $t, b: $t) -> $t {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    _ => unreachable!("{op:?}"),
+                }
+            }
+        }
+    };
+}
+float_value!(f32, DataType::F32);
+float_value!(f64, DataType::F64);
+
+impl Value for i32 {
+    const DTYPE: DataType = DataType::I32;
+    fn of(x: i64) -> Self {
+        x as i32
+    }
+    fn over(_: i32, _: usize) -> i32 {
+        unreachable!("Avg is not run on integers here")
+    }
+    fn combine(op: ReduceOp, a: i32, b: i32) -> i32 {
+        match op {
+            ReduceOp::Sum => a.wrapping_add(b),
+            ReduceOp::Prod => a.wrapping_mul(b),
+            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => a.max(b),
+            _ => unreachable!("{op:?}"),
+        }
+    }
+}
+
+/// Rank `r`'s element `i`: small integers (exact in every type, products of 4 stay small),
+/// negative for some ranks so min and max differ from first and last.
+fn v<T: Value>(r: usize, i: usize) -> T {
+    T::of(((i * 7 + r * 3) % 5) as i64 + 1 - (r % 2) as i64 * 3)
+}
+
+/// The reference: `op` over every rank's element `i` (Avg: the sum over the rank count).
+fn folded<T: Value>(op: ReduceOp, i: usize) -> T {
+    let mut acc = v::<T>(0, i);
+    for r in 1..RANKS {
+        acc = T::combine(op, acc, v(r, i));
+    }
+    if op == ReduceOp::Avg {
+        return T::over(acc, RANKS);
+    }
+    acc
+}
+
+fn bytes<T: Value>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Rank `r`'s `blocks × N` input elements, element `i` of the whole being `v(r, i)`.
+fn input<T: Value>(r: usize, blocks: usize) -> Vec<T> {
+    (0..blocks * N).map(|i| v(r, i)).collect()
+}
+
+/// Copies `host` to a new device buffer with stream work, enqueued (not waited for).
+fn put(stream: &Arc<CudaStream>, host: &[u8]) -> CudaSlice<u8> {
+    stream.clone_htod(host).unwrap()
+}
+
+/// Reads a device buffer back after everything enqueued on `stream`.
+fn get<T: Value>(stream: &Arc<CudaStream>, dev: &CudaSlice<u8>) -> Vec<T> {
+    let b = stream.clone_dtoh(dev).unwrap();
+    bytemuck::cast_slice(&b).to_vec()
+}
+
+/// What one rank checks: its rank, its communicator and its stream.
+type Rank<'a> = (usize, &'a Communicator, Arc<CudaStream>);
+
+/// Runs `f` on every rank at once, each on a thread with a stream of its own.
+fn on_every_rank(ctx: &Arc<CudaContext>, f: impl Fn(Rank<'_>) + Sync) {
+    let comms = Communicator::init_local(RANKS, Config::default()).unwrap();
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            let stream = ctx.new_stream().unwrap();
+            let f = &f;
+            s.spawn(move || f((r, c, stream)));
+        }
+    });
+}
+
+const SENTINEL: u8 = 0xab;
+
+fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
+    let dtype = T::DTYPE;
+    on_every_rank(ctx, |(r, c, s)| {
+        let what = |name: &str, op: Option<ReduceOp>| format!("rank {r}: {name} {dtype} {op:?}");
+        for &op in ops {
+            // all-reduce, out of place and in place.
+            let want: Vec<T> = (0..N).map(|i| folded(op, i)).collect();
+            let send = put(&s, &bytes(&input::<T>(r, 1)));
+            let mut recv = s.alloc_zeros::<u8>(N * dtype.size()).unwrap();
+            c.all_reduce_device(&send, &mut recv, dtype, op, &s)
+                .unwrap();
+            assert_eq!(
+                get::<T>(&s, &recv),
+                want,
+                "{}",
+                what("all-reduce", Some(op))
+            );
+            let mut buf = put(&s, &bytes(&input::<T>(r, 1)));
+            c.all_reduce_device_in_place(&mut buf, dtype, op, &s)
+                .unwrap();
+            assert_eq!(
+                get::<T>(&s, &buf),
+                want,
+                "{}",
+                what("all-reduce in place", Some(op))
+            );
+
+            // reduce to rank 2: the others' output is left alone.
+            let root = 2;
+            let send = put(&s, &bytes(&input::<T>(r, 1)));
+            let mut recv = put(&s, &vec![SENTINEL; N * dtype.size()]);
+            c.reduce_device(&send, &mut recv, dtype, op, root, &s)
+                .unwrap();
+            if r == root {
+                assert_eq!(get::<T>(&s, &recv), want, "{}", what("reduce", Some(op)));
+            } else {
+                let b = s.clone_dtoh(&recv).unwrap();
+                assert!(
+                    b.iter().all(|&x| x == SENTINEL),
+                    "{}",
+                    what("reduce (non-root)", Some(op))
+                );
+            }
+
+            // reduce-scatter: block r of the fold of every rank's RANKS blocks.
+            let want: Vec<T> = (0..N).map(|i| folded(op, r * N + i)).collect();
+            let send = put(&s, &bytes(&input::<T>(r, RANKS)));
+            let mut recv = s.alloc_zeros::<u8>(N * dtype.size()).unwrap();
+            c.reduce_scatter_device(&send, &mut recv, dtype, op, &s)
+                .unwrap();
+            assert_eq!(
+                get::<T>(&s, &recv),
+                want,
+                "{}",
+                what("reduce-scatter", Some(op))
+            );
+        }
+
+        // broadcast from rank 1, out of place (the others' input is never read) and in place.
+        let root = 1;
+        let want = input::<T>(root, 1);
+        let send = put(&s, &bytes(&input::<T>(r, 1)));
+        let mut recv = s.alloc_zeros::<u8>(N * dtype.size()).unwrap();
+        c.broadcast_device(&send, &mut recv, dtype, root, &s)
+            .unwrap();
+        assert_eq!(get::<T>(&s, &recv), want, "{}", what("broadcast", None));
+        let mut buf = put(&s, &bytes(&input::<T>(r, 1)));
+        c.broadcast_device_in_place(&mut buf, dtype, root, &s)
+            .unwrap();
+        assert_eq!(
+            get::<T>(&s, &buf),
+            want,
+            "{}",
+            what("broadcast in place", None)
+        );
+
+        // all-gather: block q is rank q's input.
+        let want: Vec<T> = (0..RANKS * N).map(|i| v(i / N, i % N)).collect();
+        let send = put(&s, &bytes(&input::<T>(r, 1)));
+        let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
+        c.all_gather_device(&send, &mut recv, dtype, &s).unwrap();
+        assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-gather", None));
+
+        // all-to-all: block q comes from rank q's block r.
+        let want: Vec<T> = (0..RANKS * N).map(|i| v(i / N, r * N + i % N)).collect();
+        let send = put(&s, &bytes(&input::<T>(r, RANKS)));
+        let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
+        c.all_to_all_device(&send, &mut recv, dtype, &s).unwrap();
+        assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-to-all", None));
+    });
+}
+
+#[test]
+fn every_collective_on_device_memory_matches_the_reference() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    let floats = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+    every_collective::<f32>(&ctx, &floats);
+    every_collective::<f64>(&ctx, &floats);
+    every_collective::<i32>(
+        &ctx,
+        &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max],
+    );
+}
+
+#[test]
+fn stream_order_holds_on_both_sides_of_a_call() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    on_every_rank(&ctx, |(r, c, s)| {
+        for round in 0..3i64 {
+            // Enqueued, not waited for: the fill of the input, the call, the copy of the output.
+            let host: Vec<f32> = (0..N)
+                .map(|i| (i as i64 + r as i64 + round) as f32)
+                .collect();
+            let mut send = s.alloc_zeros::<u8>(N * 4).unwrap();
+            s.memcpy_htod(&bytes(&host), &mut send).unwrap();
+            let mut recv = s.alloc_zeros::<u8>(N * 4).unwrap();
+            c.all_reduce_device(&send, &mut recv, DataType::F32, ReduceOp::Sum, &s)
+                .unwrap();
+            let mut after = s.alloc_zeros::<u8>(N * 4).unwrap();
+            s.memcpy_dtod(&recv, &mut after).unwrap();
+            let got = get::<f32>(&s, &after);
+            let want: Vec<f32> = (0..N)
+                .map(|i| {
+                    (0..RANKS)
+                        .map(|q| (i as i64 + q as i64 + round) as f32)
+                        .sum()
+                })
+                .collect();
+            assert_eq!(got, want, "rank {r} round {round}");
+        }
+    });
+}
+
+#[test]
+fn bad_sizes_on_device_memory_are_errors_naming_rank_and_call() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    let comms = Communicator::init_local(1, Config::default()).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let send = s.alloc_zeros::<u8>(40).unwrap();
+    let mut short = s.alloc_zeros::<u8>(36).unwrap();
+    let e = comms[0]
+        .all_reduce_device(&send, &mut short, DataType::F32, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("rank 0") && msg.contains("all_reduce"),
+        "{msg}"
+    );
+    let mut odd = s.alloc_zeros::<u8>(39).unwrap();
+    let e = comms[0]
+        .all_reduce_device_in_place(&mut odd, DataType::F32, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}

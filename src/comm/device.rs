@@ -192,6 +192,27 @@ impl Communicator {
         })
     }
 
+    /// [`Communicator::reduce_in_place_bytes`] on device memory, ordered on `stream` (`buf` is
+    /// written back only at the root).
+    pub fn reduce_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Rank,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        if self.rank() != root {
+            // A non-root's buffer is its input only: read, never written back.
+            let mut input =
+                download(stream, buf).map_err(|e| self.device_error(Collective::Reduce, e))?;
+            return self.reduce_in_place_bytes(&mut input, dtype, op, root);
+        }
+        self.staged_in_place(Collective::Reduce, stream, buf, |c, b| {
+            c.reduce_in_place_bytes(b, dtype, op, root)
+        })
+    }
+
     /// [`Communicator::all_gather_bytes`] on device memory, ordered on `stream`.
     pub fn all_gather_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
         &self,
@@ -207,6 +228,18 @@ impl Communicator {
             Some(recv),
             |c, i, o| c.all_gather_bytes(i, o, dtype),
         )
+    }
+
+    /// [`Communicator::all_gather_in_place_bytes`] on device memory, ordered on `stream`.
+    pub fn all_gather_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged_in_place(Collective::AllGather, stream, buf, |c, b| {
+            c.all_gather_in_place_bytes(b, dtype)
+        })
     }
 
     /// [`Communicator::reduce_scatter_bytes`] on device memory, ordered on `stream`.
@@ -227,6 +260,19 @@ impl Communicator {
         )
     }
 
+    /// [`Communicator::reduce_scatter_in_place_bytes`] on device memory, ordered on `stream`.
+    pub fn reduce_scatter_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged_in_place(Collective::ReduceScatter, stream, buf, |c, b| {
+            c.reduce_scatter_in_place_bytes(b, dtype, op)
+        })
+    }
+
     /// [`Communicator::all_to_all_bytes`] on device memory, ordered on `stream`.
     pub fn all_to_all_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
         &self,
@@ -242,5 +288,17 @@ impl Communicator {
             Some(recv),
             |c, i, o| c.all_to_all_bytes(i, o, dtype),
         )
+    }
+
+    /// [`Communicator::all_to_all_in_place_bytes`] on device memory, ordered on `stream`.
+    pub fn all_to_all_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+        &self,
+        buf: &mut D,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.staged_in_place(Collective::AllToAll, stream, buf, |c, b| {
+            c.all_to_all_in_place_bytes(b, dtype)
+        })
     }
 }

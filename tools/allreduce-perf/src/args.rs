@@ -201,7 +201,8 @@ pub struct Cli {
 pub enum Device {
     /// Host memory.
     Cpu,
-    /// CUDA device memory (not built yet).
+    /// CUDA device memory: each rank on its local rank's GPU (modulo the GPUs present), the
+    /// buffers copied there and the calls made on device memory (staged through the host).
     Cuda,
 }
 

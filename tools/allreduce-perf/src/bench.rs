@@ -3,13 +3,16 @@
 //! the communicator's collectives cross ranks, so every wait has the communicator's deadline.
 //! Nothing here prints.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use oxccl::algo::Plan;
+use oxccl::reduce::cuda::CudaSlice;
+use oxccl::reduce::cuda::cudarc::driver::{CudaContext, CudaStream};
 use oxccl::types::{DataType, ReduceOp};
 use oxccl::{Communicator, Registration};
 
-use crate::args::{Combine, Settings};
+use crate::args::{Combine, Device, Settings};
 use crate::check::{self, Case, Pattern};
 use crate::coll::Coll;
 
@@ -83,10 +86,23 @@ struct Trial {
     durations: Vec<f64>,
 }
 
-/// A rank's buffers for one placement.
-enum Buffers {
-    Separate { send: Buf, recv: Buf },
-    Shared(Buf),
+/// A rank's buffers for one placement: in host memory, and with `--device cuda` their copies
+/// on the device, which the calls use (the host ones are filled and checked).
+struct Buffers {
+    host: Host,
+    device: Option<Host<CudaSlice<u8>>>,
+}
+
+/// Buffers of one placement (`B`: host memory, or a device buffer).
+enum Host<B = Buf> {
+    Separate { send: B, recv: B },
+    Shared(B),
+}
+
+/// This rank's GPU (`--device cuda`): the stream the calls are ordered on (it holds its
+/// context).
+struct Gpu {
+    stream: Arc<CudaStream>,
 }
 
 /// Host memory starting on a page boundary, as device allocations do (`cudaMalloc` aligns to
@@ -152,16 +168,63 @@ pub struct Bench<'a> {
     /// was 4% of an 8-byte broadcast's time on each rank, which the peers' benchmarks, timing
     /// only the whole loop, do not pay).
     clock: oxccl::trace::Clock,
+    /// With `--device cuda`: the GPU of this rank (its local rank modulo the devices present).
+    gpu: Option<Gpu>,
 }
 
 impl<'a> Bench<'a> {
-    /// A bench over `comm` with the run's settings.
-    pub fn new(comm: &'a Communicator, settings: &'a Settings) -> Bench<'a> {
-        Bench {
+    /// A bench over `comm` with the run's settings, on `local_rank`'s GPU with `--device cuda`.
+    pub fn new(
+        comm: &'a Communicator,
+        settings: &'a Settings,
+        local_rank: usize,
+    ) -> Result<Bench<'a>, String> {
+        let gpu = match settings.device {
+            Device::Cpu => None,
+            Device::Cuda => {
+                let rank = comm.rank();
+                let count =
+                    oxccl::reduce::cuda::device_count().map_err(|e| format!("rank {rank}: {e}"))?;
+                if count == 0 {
+                    return Err(format!("rank {rank}: no CUDA device"));
+                }
+                let ctx = CudaContext::new(local_rank % count)
+                    .map_err(|e| format!("rank {rank}: CUDA context: {e}"))?;
+                let stream = ctx
+                    .new_stream()
+                    .map_err(|e| format!("rank {rank}: CUDA stream: {e}"))?;
+                Some(Gpu { stream })
+            }
+        };
+        Ok(Bench {
             comm,
             settings,
             clock: oxccl::trace::Clock::new(),
-        }
+            gpu,
+        })
+    }
+
+    /// The device copy of `host` (zeros: the data is uploaded by `prepare`).
+    fn device_copy(&self, host: &Host) -> Result<Option<Host<CudaSlice<u8>>>, String> {
+        let Some(gpu) = &self.gpu else {
+            return Ok(None);
+        };
+        let alloc = |b: &Buf| {
+            gpu.stream.alloc_zeros::<u8>(b.len).map_err(|e| {
+                format!(
+                    "rank {}: allocating {} bytes on the device: {e}",
+                    self.comm.rank(),
+                    b.len
+                )
+            })
+        };
+        Ok(Some(match host {
+            Host::Separate { send, recv } => Host::Separate {
+                send: alloc(send)?,
+                recv: alloc(recv)?,
+            },
+            Host::Shared(b) => Host::Shared(alloc(b)?),
+        }))
     }
 
     /// The row for a requested `size` in bytes.
@@ -226,19 +289,21 @@ impl<'a> Bench<'a> {
         let s = self.settings;
         let shape = self.shape(row);
         let esize = row.dtype.size();
-        let mut bufs = match placement {
-            Placement::OutOfPlace => Buffers::Separate {
+        let host = match placement {
+            Placement::OutOfPlace => Host::Separate {
                 send: Buf::new(shape.input * esize)?,
                 recv: Buf::new(shape.output * esize)?,
             },
-            Placement::InPlace => Buffers::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
+            Placement::InPlace => Host::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
         };
-        let registered = match (&bufs, s.register) {
+        let device = self.device_copy(&host)?;
+        let mut bufs = Buffers { host, device };
+        let registered = match (&bufs.host, s.register && bufs.device.is_none()) {
             (_, false) => Vec::new(),
-            (Buffers::Separate { send, recv }, true) => {
+            (Host::Separate { send, recv }, true) => {
                 vec![send.register(self.comm)?, recv.register(self.comm)?]
             }
-            (Buffers::Shared(buf), true) => vec![buf.register(self.comm)?],
+            (Host::Shared(buf), true) => vec![buf.register(self.comm)?],
         };
         let pattern = Pattern::new(row.coll, row.op, row.dtype, self.comm.size());
         self.prepare(row, &shape, &pattern, &mut bufs)?;
@@ -344,12 +409,12 @@ impl<'a> Bench<'a> {
         bufs: &mut Buffers,
     ) -> Result<(), String> {
         let (rank, esize) = (self.comm.rank(), row.dtype.size());
-        match bufs {
-            Buffers::Separate { send, recv } => {
+        match &mut bufs.host {
+            Host::Separate { send, recv } => {
                 check::poison(recv.bytes_mut());
-                check::fill_input(pattern, row.dtype, rank, send.bytes_mut())
+                check::fill_input(pattern, row.dtype, rank, send.bytes_mut())?;
             }
-            Buffers::Shared(buf) => {
+            Host::Shared(buf) => {
                 let b = buf.bytes_mut();
                 check::poison(b);
                 let at = shape.input_at * esize;
@@ -358,21 +423,57 @@ impl<'a> Bench<'a> {
                     row.dtype,
                     rank,
                     &mut b[at..at + shape.input * esize],
-                )
+                )?;
             }
         }
+        // On the device: the same bytes, there before the next call.
+        if let (Some(gpu), Some(dev)) = (&self.gpu, &mut bufs.device) {
+            let up =
+                |host: &Buf, dev: &mut CudaSlice<u8>| gpu.stream.memcpy_htod(host.bytes(), dev);
+            match (&bufs.host, dev) {
+                (Host::Separate { send, recv }, Host::Separate { send: ds, recv: dr }) => {
+                    up(send, ds).and_then(|()| up(recv, dr))
+                }
+                (Host::Shared(b), Host::Shared(d)) => up(b, d),
+                _ => unreachable!("host and device buffers are made alike"),
+            }
+            .and_then(|()| gpu.stream.synchronize())
+            .map_err(|e| format!("rank {rank}: copying the inputs to the device: {e}"))?;
+        }
+        Ok(())
     }
 
-    /// This rank's output elements.
-    fn output<'b>(&self, row: &Row, shape: &Shape, bufs: &'b mut Buffers) -> &'b mut [u8] {
+    /// This rank's output elements (copied from the device first, with `--device cuda`).
+    fn output<'b>(
+        &self,
+        row: &Row,
+        shape: &Shape,
+        bufs: &'b mut Buffers,
+    ) -> Result<&'b mut [u8], String> {
+        if let (Some(gpu), Some(dev)) = (&self.gpu, &bufs.device) {
+            let (host, dev) = match (&mut bufs.host, dev) {
+                (Host::Separate { recv, .. }, Host::Separate { recv: d, .. }) => (recv, d),
+                (Host::Shared(b), Host::Shared(d)) => (b, d),
+                _ => unreachable!("host and device buffers are made alike"),
+            };
+            gpu.stream
+                .memcpy_dtoh(dev, host.bytes_mut())
+                .and_then(|()| gpu.stream.synchronize())
+                .map_err(|e| {
+                    format!(
+                        "rank {}: copying the output from the device: {e}",
+                        self.comm.rank()
+                    )
+                })?;
+        }
         let esize = row.dtype.size();
-        match bufs {
-            Buffers::Separate { recv, .. } => recv.bytes_mut(),
-            Buffers::Shared(buf) => {
+        Ok(match &mut bufs.host {
+            Host::Separate { recv, .. } => recv.bytes_mut(),
+            Host::Shared(buf) => {
                 let at = shape.output_at * esize;
                 &mut buf.bytes_mut()[at..at + shape.output * esize]
             }
-        }
+        })
     }
 
     /// Runs the row once.
@@ -383,8 +484,11 @@ impl<'a> Bench<'a> {
             row.op.unwrap_or(ReduceOp::Sum),
             row.root.unwrap_or(0),
         );
-        let result = match bufs {
-            Buffers::Separate { send, recv } => {
+        if let (Some(gpu), Some(dev)) = (&self.gpu, &mut bufs.device) {
+            return self.call_device(row, &gpu.stream, dev);
+        }
+        let result = match &mut bufs.host {
+            Host::Separate { send, recv } => {
                 let (s, r) = (send.bytes(), recv.bytes_mut());
                 match row.coll {
                     Coll::AllReduce => c.all_reduce_bytes(s, r, dt, op),
@@ -404,7 +508,7 @@ impl<'a> Bench<'a> {
                     }
                 }
             }
-            Buffers::Shared(buf) => {
+            Host::Shared(buf) => {
                 let b = buf.bytes_mut();
                 match row.coll {
                     Coll::AllReduce => c.all_reduce_in_place_bytes(b, dt, op),
@@ -418,6 +522,46 @@ impl<'a> Bench<'a> {
                     }
                 }
             }
+        };
+        result.map_err(|e| e.to_string())
+    }
+
+    /// Runs the row once on device buffers (`--device cuda`), ordered on `stream`.
+    fn call_device(
+        &self,
+        row: &Row,
+        stream: &Arc<CudaStream>,
+        dev: &mut Host<CudaSlice<u8>>,
+    ) -> Result<(), String> {
+        let c = self.comm;
+        let (dt, op, root) = (
+            row.dtype,
+            row.op.unwrap_or(ReduceOp::Sum),
+            row.root.unwrap_or(0),
+        );
+        let result = match dev {
+            Host::Separate { send, recv } => match row.coll {
+                Coll::AllReduce => c.all_reduce_device(send, recv, dt, op, stream),
+                Coll::AllGather => c.all_gather_device(send, recv, dt, stream),
+                Coll::ReduceScatter => c.reduce_scatter_device(send, recv, dt, op, stream),
+                Coll::Broadcast => c.broadcast_device(send, recv, dt, root, stream),
+                Coll::Reduce => c.reduce_device(send, recv, dt, op, root, stream),
+                Coll::AllToAll => c.all_to_all_device(send, recv, dt, stream),
+                Coll::Gather | Coll::Scatter | Coll::SendRecv => {
+                    return Err(format!("{} on device memory is not built yet", row.coll));
+                }
+            },
+            Host::Shared(buf) => match row.coll {
+                Coll::AllReduce => c.all_reduce_device_in_place(buf, dt, op, stream),
+                Coll::AllGather => c.all_gather_device_in_place(buf, dt, stream),
+                Coll::ReduceScatter => c.reduce_scatter_device_in_place(buf, dt, op, stream),
+                Coll::Broadcast => c.broadcast_device_in_place(buf, dt, root, stream),
+                Coll::Reduce => c.reduce_device_in_place(buf, dt, op, root, stream),
+                Coll::AllToAll => c.all_to_all_device_in_place(buf, dt, stream),
+                Coll::Gather | Coll::Scatter | Coll::SendRecv => {
+                    return Err(format!("{} has no in-place form", row.coll));
+                }
+            },
         };
         result.map_err(|e| e.to_string())
     }
@@ -449,6 +593,13 @@ impl<'a> Bench<'a> {
             if let Some(before) = before {
                 durations.push(self.clock.ticks().wrapping_sub(before) as f64);
             }
+        }
+        // On the device the last call's result is enqueued, not yet there: wait for it, as
+        // nccl-tests waits for its stream.
+        if let Some(gpu) = &self.gpu {
+            gpu.stream
+                .synchronize()
+                .map_err(|e| format!("rank {}: CUDA stream: {e}", self.comm.rank()))?;
         }
         let total = start.elapsed().as_secs_f64();
         // Ticks to seconds.
@@ -517,7 +668,7 @@ impl<'a> Bench<'a> {
         for _ in 0..self.settings.check {
             self.prepare(row, shape, pattern, bufs)?;
             self.call(row, bufs)?;
-            let out = self.output(row, shape, bufs);
+            let out = self.output(row, shape, bufs)?;
             if self.settings.corrupt_rank == Some(rank) {
                 check::corrupt(out, row.dtype.size());
             }

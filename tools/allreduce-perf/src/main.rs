@@ -40,8 +40,16 @@ fn main() -> ExitCode {
 }
 
 fn run(s: &Settings) -> u8 {
-    if s.device == Device::Cuda {
-        eprintln!("allreduce-perf: unavailable: the CUDA path is not built yet (use --device cpu)");
+    if s.device == Device::Cuda
+        && let Err(e) = oxccl::reduce::cuda::device_count().and_then(|n| {
+            if n > 0 {
+                Ok(n)
+            } else {
+                Err(oxccl::Error::Unavailable("no CUDA device".into()))
+            }
+        })
+    {
+        eprintln!("allreduce-perf: --device cuda: {e}");
         return USAGE;
     }
     if s.plot_only {

@@ -132,7 +132,7 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
     // What actually runs over the sweep, in order, as the routing decision says.
     let mut routes: Vec<String> = Vec::new();
     if let (Some(&dtype), Some(c)) = (s.dtypes.first(), s.coll.collective()) {
-        let bench = Bench::new(&comm, s);
+        let bench = Bench::new(&comm, s, rv.local_rank.unwrap_or(rank))?;
         for &size in &s.sizes {
             let row = bench.row(dtype, s.ops_for(dtype).first().copied().flatten(), size);
             let plan = oxccl::algo::Plan::new(c, row.count, dtype)
@@ -175,13 +175,19 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
         }
         let mut text = report::header(s, version);
         for info in &infos {
-            text += &report::rank_line(info);
+            text += &report::rank_line(
+                info,
+                match s.device {
+                    crate::args::Device::Cpu => "cpu",
+                    crate::args::Device::Cuda => "cuda",
+                },
+            );
         }
         text += &report::columns();
         print_now(&text);
     }
 
-    let summary = sweep(&comm, s)?;
+    let summary = sweep(&comm, s, rv.local_rank.unwrap_or(rank))?;
     if rank != 0 {
         return Ok(summary.wrong);
     }
@@ -226,10 +232,10 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
 
 /// Measures every (type, operator, size) row in both placements; rank 0 prints each row as it
 /// completes and keeps its record.
-fn sweep(comm: &Communicator, s: &Settings) -> Result<Summary, String> {
+fn sweep(comm: &Communicator, s: &Settings, local_rank: usize) -> Result<Summary, String> {
     let rank0 = comm.rank() == 0;
     let progress = progress_bar(rank0, s);
-    let bench = Bench::new(comm, s);
+    let bench = Bench::new(comm, s, local_rank)?;
     let mut summary = Summary {
         records: Vec::new(),
         wrong: 0,

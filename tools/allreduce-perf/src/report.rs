@@ -92,10 +92,11 @@ pub fn header(s: &Settings, version: &str) -> String {
     out
 }
 
-/// One device line: "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s".
-pub fn rank_line(r: &RankInfo) -> String {
+/// One device line: "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s", the
+/// bracket saying where the buffers are (`cpu`, `cuda`).
+pub fn rank_line(r: &RankInfo, kind: &str) -> String {
     format!(
-        "#  Rank {:>2} Group {:>2} Pid {:>6} on {:>10} device {:>2} [cpu] {}\n",
+        "#  Rank {:>2} Group {:>2} Pid {:>6} on {:>10} device {:>2} [{kind}] {}\n",
         r.rank,
         0,
         r.pid,
@@ -260,7 +261,7 @@ mod tests {
             algorithm: "auto".into(),
         };
         assert_eq!(
-            rank_line(&r),
+            rank_line(&r, "cpu"),
             "#  Rank  1 Group  0 Pid  12345 on     host01 device  1 [cpu] tcp; algorithm auto\n"
         );
         assert_eq!(RankInfo::decode(&r.encode()), Some(r));

@@ -217,7 +217,7 @@ fn usage_errors_and_unavailable_features_exit_2() {
     let o = run(&["--device", "cuda"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("unavailable: the CUDA path is not built yet"),
+        stderr(&o).contains("--device cuda: unavailable: no CUDA"),
         "{}",
         stderr(&o)
     );

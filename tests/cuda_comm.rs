@@ -192,6 +192,21 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
                     what("reduce (non-root)", Some(op))
                 );
             }
+            // In place: the root's buffer becomes the result, the others' keep their input.
+            let mut buf = put(&s, &bytes(&input::<T>(r, 1)));
+            c.reduce_device_in_place(&mut buf, dtype, op, root, &s)
+                .unwrap();
+            let kept = if r == root {
+                want.clone()
+            } else {
+                input::<T>(r, 1)
+            };
+            assert_eq!(
+                get::<T>(&s, &buf),
+                kept,
+                "{}",
+                what("reduce in place", Some(op))
+            );
 
             // reduce-scatter: block r of the fold of every rank's RANKS blocks.
             let want: Vec<T> = (0..N).map(|i| folded(op, r * N + i)).collect();
@@ -205,6 +220,13 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
                 "{}",
                 what("reduce-scatter", Some(op))
             );
+            // In place: block r of the whole buffer.
+            let mut buf = put(&s, &bytes(&input::<T>(r, RANKS)));
+            c.reduce_scatter_device_in_place(&mut buf, dtype, op, &s)
+                .unwrap();
+            let got = get::<T>(&s, &buf);
+            let what = what("reduce-scatter in place", Some(op));
+            assert_eq!(got[r * N..(r + 1) * N], want[..], "{what}");
         }
 
         // broadcast from rank 1, out of place (the others' input is never read) and in place.
@@ -231,6 +253,17 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
         let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
         c.all_gather_device(&send, &mut recv, dtype, &s).unwrap();
         assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-gather", None));
+        // In place: this rank's input already at block r of the whole buffer.
+        let mut whole = vec![T::of(0); RANKS * N];
+        whole[r * N..(r + 1) * N].copy_from_slice(&input::<T>(r, 1));
+        let mut buf = put(&s, &bytes(&whole));
+        c.all_gather_device_in_place(&mut buf, dtype, &s).unwrap();
+        assert_eq!(
+            get::<T>(&s, &buf),
+            want,
+            "{}",
+            what("all-gather in place", None)
+        );
 
         // all-to-all: block q comes from rank q's block r.
         let want: Vec<T> = (0..RANKS * N).map(|i| v(i / N, r * N + i % N)).collect();
@@ -238,6 +271,14 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
         let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
         c.all_to_all_device(&send, &mut recv, dtype, &s).unwrap();
         assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-to-all", None));
+        let mut buf = put(&s, &bytes(&input::<T>(r, RANKS)));
+        c.all_to_all_device_in_place(&mut buf, dtype, &s).unwrap();
+        assert_eq!(
+            get::<T>(&s, &buf),
+            want,
+            "{}",
+            what("all-to-all in place", None)
+        );
     });
 }
 

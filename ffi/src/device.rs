@@ -7,8 +7,8 @@
 //! later work sees it. The call returns once that copy is enqueued.
 //!
 //! A NULL stream is CUDA's default stream where the program uses CUDA (it had loaded libcuda
-//! when its first collective came) and the buffer is device memory, as NCCL programs pass it;
-//! otherwise it means host memory, and nothing asks CUDA about the buffers.
+//! when it made the communicator) and the first buffer is device memory, as NCCL programs pass
+//! it; otherwise it means host memory, and nothing asks CUDA about the buffers.
 //!
 //! Not yet: device buffers inside `oxcclGroupStart`/`oxcclGroupEnd` or on a non-blocking
 //! communicator (`oxcclInvalidUsage`, saying so), and point-to-point calls with a stream.

@@ -306,16 +306,19 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
+    /// Writes `text` at `path` under `root`, making the directories.
+    fn put(root: &Path, path: &str, text: &str) {
+        let p = root.join(path);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
     /// A sysfs/procfs fixture: a two-socket host with a GPU, a NIC with an RDMA device and a
     /// virtual one without a PCI device.
     fn fixture() -> PathBuf {
         let root = std::env::temp_dir().join(format!("oxccl-topo-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        let put = |path: &str, text: &str| {
-            let p = root.join(path);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(p, text).unwrap();
-        };
+        let put = |path: &str, text: &str| put(&root, path, text);
         put("sys/devices/system/node/node0/cpulist", "0-3\n");
         put(
             "sys/devices/system/node/node0/meminfo",
@@ -442,11 +445,7 @@ mod tests {
     fn nvlinks_and_peer_to_peer_reachability_come_from_nvml() {
         let root = std::env::temp_dir().join(format!("oxccl-nvml-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        let put = |path: &str, text: &str| {
-            let p = root.join(path);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(p, text).unwrap();
-        };
+        let put = |path: &str, text: &str| put(&root, path, text);
         // The host fake_nvml.c describes, plus an AMD GPU and an NVIDIA one NVML does not know.
         for (bus, class, vendor) in [
             ("0000:05:00.0", "0x068000", "0x10de"),

@@ -356,6 +356,13 @@ impl Cli {
             dtypes.push(DataType::F32);
         }
         let coll = coll.unwrap_or(Coll::AllReduce);
+        if self.register && self.device == Device::Cuda {
+            return Err(
+                "--register registers host buffers with the links; with --device cuda the calls \
+                 stage device buffers through memory of the library's own"
+                    .into(),
+            );
+        }
         if coll.reduces() && !dtypes.iter().any(|d| ops.iter().any(|o| o.supports(*d))) {
             return Err(format!(
                 "no requested operator ({}) is defined on any requested type ({}): the bitwise \
@@ -781,6 +788,7 @@ mod tests {
             &["--plot-only"],
             &["--overlay", "a.json"],
             &["--device", "tpu"],
+            &["--device", "cuda", "--register"],
         ] {
             assert!(settings(bad).is_err(), "{bad:?}");
         }

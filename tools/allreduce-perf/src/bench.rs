@@ -89,12 +89,12 @@ struct Trial {
 /// A rank's buffers for one placement: in host memory, and with `--device cuda` their copies
 /// on the device, which the calls use (the host ones are filled and checked).
 struct Buffers {
-    host: Host,
-    device: Option<Host<CudaSlice<u8>>>,
+    host: Bufs,
+    device: Option<Bufs<CudaSlice<u8>>>,
 }
 
 /// Buffers of one placement (`B`: host memory, or a device buffer).
-enum Host<B = Buf> {
+enum Bufs<B = Buf> {
     Separate { send: B, recv: B },
     Shared(B),
 }
@@ -173,16 +173,22 @@ pub struct Bench<'a> {
 }
 
 impl<'a> Bench<'a> {
-    /// A bench over `comm` with the run's settings, on `local_rank`'s GPU with `--device cuda`.
-    pub fn new(
-        comm: &'a Communicator,
-        settings: &'a Settings,
-        local_rank: usize,
-    ) -> Result<Bench<'a>, String> {
-        let gpu = match settings.device {
+    /// A bench over `comm` with the run's settings, in host memory.
+    pub fn new(comm: &'a Communicator, settings: &'a Settings) -> Bench<'a> {
+        Bench {
+            comm,
+            settings,
+            clock: oxccl::trace::Clock::new(),
+            gpu: None,
+        }
+    }
+
+    /// The same bench on `local_rank`'s GPU (modulo the GPUs present) with `--device cuda`.
+    pub fn on_device(self, local_rank: usize) -> Result<Bench<'a>, String> {
+        let gpu = match self.settings.device {
             Device::Cpu => None,
             Device::Cuda => {
-                let rank = comm.rank();
+                let rank = self.comm.rank();
                 let count =
                     oxccl::reduce::cuda::device_count().map_err(|e| format!("rank {rank}: {e}"))?;
                 if count == 0 {
@@ -196,16 +202,11 @@ impl<'a> Bench<'a> {
                 Some(Gpu { stream })
             }
         };
-        Ok(Bench {
-            comm,
-            settings,
-            clock: oxccl::trace::Clock::new(),
-            gpu,
-        })
+        Ok(Bench { gpu, ..self })
     }
 
     /// The device copy of `host` (zeros: the data is uploaded by `prepare`).
-    fn device_copy(&self, host: &Host) -> Result<Option<Host<CudaSlice<u8>>>, String> {
+    fn device_copy(&self, host: &Bufs) -> Result<Option<Bufs<CudaSlice<u8>>>, String> {
         let Some(gpu) = &self.gpu else {
             return Ok(None);
         };
@@ -219,11 +220,11 @@ impl<'a> Bench<'a> {
             })
         };
         Ok(Some(match host {
-            Host::Separate { send, recv } => Host::Separate {
+            Bufs::Separate { send, recv } => Bufs::Separate {
                 send: alloc(send)?,
                 recv: alloc(recv)?,
             },
-            Host::Shared(b) => Host::Shared(alloc(b)?),
+            Bufs::Shared(b) => Bufs::Shared(alloc(b)?),
         }))
     }
 
@@ -290,20 +291,20 @@ impl<'a> Bench<'a> {
         let shape = self.shape(row);
         let esize = row.dtype.size();
         let host = match placement {
-            Placement::OutOfPlace => Host::Separate {
+            Placement::OutOfPlace => Bufs::Separate {
                 send: Buf::new(shape.input * esize)?,
                 recv: Buf::new(shape.output * esize)?,
             },
-            Placement::InPlace => Host::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
+            Placement::InPlace => Bufs::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
         };
         let device = self.device_copy(&host)?;
         let mut bufs = Buffers { host, device };
-        let registered = match (&bufs.host, s.register && bufs.device.is_none()) {
+        let registered = match (&bufs.host, s.register) {
             (_, false) => Vec::new(),
-            (Host::Separate { send, recv }, true) => {
+            (Bufs::Separate { send, recv }, true) => {
                 vec![send.register(self.comm)?, recv.register(self.comm)?]
             }
-            (Host::Shared(buf), true) => vec![buf.register(self.comm)?],
+            (Bufs::Shared(buf), true) => vec![buf.register(self.comm)?],
         };
         let pattern = Pattern::new(row.coll, row.op, row.dtype, self.comm.size());
         self.prepare(row, &shape, &pattern, &mut bufs)?;
@@ -410,11 +411,11 @@ impl<'a> Bench<'a> {
     ) -> Result<(), String> {
         let (rank, esize) = (self.comm.rank(), row.dtype.size());
         match &mut bufs.host {
-            Host::Separate { send, recv } => {
+            Bufs::Separate { send, recv } => {
                 check::poison(recv.bytes_mut());
                 check::fill_input(pattern, row.dtype, rank, send.bytes_mut())?;
             }
-            Host::Shared(buf) => {
+            Bufs::Shared(buf) => {
                 let b = buf.bytes_mut();
                 check::poison(b);
                 let at = shape.input_at * esize;
@@ -431,10 +432,10 @@ impl<'a> Bench<'a> {
             let up =
                 |host: &Buf, dev: &mut CudaSlice<u8>| gpu.stream.memcpy_htod(host.bytes(), dev);
             match (&bufs.host, dev) {
-                (Host::Separate { send, recv }, Host::Separate { send: ds, recv: dr }) => {
+                (Bufs::Separate { send, recv }, Bufs::Separate { send: ds, recv: dr }) => {
                     up(send, ds).and_then(|()| up(recv, dr))
                 }
-                (Host::Shared(b), Host::Shared(d)) => up(b, d),
+                (Bufs::Shared(b), Bufs::Shared(d)) => up(b, d),
                 _ => unreachable!("host and device buffers are made alike"),
             }
             .and_then(|()| gpu.stream.synchronize())
@@ -452,8 +453,8 @@ impl<'a> Bench<'a> {
     ) -> Result<&'b mut [u8], String> {
         if let (Some(gpu), Some(dev)) = (&self.gpu, &bufs.device) {
             let (host, dev) = match (&mut bufs.host, dev) {
-                (Host::Separate { recv, .. }, Host::Separate { recv: d, .. }) => (recv, d),
-                (Host::Shared(b), Host::Shared(d)) => (b, d),
+                (Bufs::Separate { recv, .. }, Bufs::Separate { recv: d, .. }) => (recv, d),
+                (Bufs::Shared(b), Bufs::Shared(d)) => (b, d),
                 _ => unreachable!("host and device buffers are made alike"),
             };
             gpu.stream
@@ -468,8 +469,8 @@ impl<'a> Bench<'a> {
         }
         let esize = row.dtype.size();
         Ok(match &mut bufs.host {
-            Host::Separate { recv, .. } => recv.bytes_mut(),
-            Host::Shared(buf) => {
+            Bufs::Separate { recv, .. } => recv.bytes_mut(),
+            Bufs::Shared(buf) => {
                 let at = shape.output_at * esize;
                 &mut buf.bytes_mut()[at..at + shape.output * esize]
             }
@@ -488,7 +489,7 @@ impl<'a> Bench<'a> {
             return self.call_device(row, &gpu.stream, dev);
         }
         let result = match &mut bufs.host {
-            Host::Separate { send, recv } => {
+            Bufs::Separate { send, recv } => {
                 let (s, r) = (send.bytes(), recv.bytes_mut());
                 match row.coll {
                     Coll::AllReduce => c.all_reduce_bytes(s, r, dt, op),
@@ -508,7 +509,7 @@ impl<'a> Bench<'a> {
                     }
                 }
             }
-            Host::Shared(buf) => {
+            Bufs::Shared(buf) => {
                 let b = buf.bytes_mut();
                 match row.coll {
                     Coll::AllReduce => c.all_reduce_in_place_bytes(b, dt, op),
@@ -531,7 +532,7 @@ impl<'a> Bench<'a> {
         &self,
         row: &Row,
         stream: &Arc<CudaStream>,
-        dev: &mut Host<CudaSlice<u8>>,
+        dev: &mut Bufs<CudaSlice<u8>>,
     ) -> Result<(), String> {
         let c = self.comm;
         let (dt, op, root) = (
@@ -540,7 +541,7 @@ impl<'a> Bench<'a> {
             row.root.unwrap_or(0),
         );
         let result = match dev {
-            Host::Separate { send, recv } => match row.coll {
+            Bufs::Separate { send, recv } => match row.coll {
                 Coll::AllReduce => c.all_reduce_device(send, recv, dt, op, stream),
                 Coll::AllGather => c.all_gather_device(send, recv, dt, stream),
                 Coll::ReduceScatter => c.reduce_scatter_device(send, recv, dt, op, stream),
@@ -551,7 +552,7 @@ impl<'a> Bench<'a> {
                     return Err(format!("{} on device memory is not built yet", row.coll));
                 }
             },
-            Host::Shared(buf) => match row.coll {
+            Bufs::Shared(buf) => match row.coll {
                 Coll::AllReduce => c.all_reduce_device_in_place(buf, dt, op, stream),
                 Coll::AllGather => c.all_gather_device_in_place(buf, dt, stream),
                 Coll::ReduceScatter => c.reduce_scatter_device_in_place(buf, dt, op, stream),

@@ -132,7 +132,7 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
     // What actually runs over the sweep, in order, as the routing decision says.
     let mut routes: Vec<String> = Vec::new();
     if let (Some(&dtype), Some(c)) = (s.dtypes.first(), s.coll.collective()) {
-        let bench = Bench::new(&comm, s, rv.local_rank.unwrap_or(rank))?;
+        let bench = Bench::new(&comm, s);
         for &size in &s.sizes {
             let row = bench.row(dtype, s.ops_for(dtype).first().copied().flatten(), size);
             let plan = oxccl::algo::Plan::new(c, row.count, dtype)
@@ -235,7 +235,7 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
 fn sweep(comm: &Communicator, s: &Settings, local_rank: usize) -> Result<Summary, String> {
     let rank0 = comm.rank() == 0;
     let progress = progress_bar(rank0, s);
-    let bench = Bench::new(comm, s, local_rank)?;
+    let bench = Bench::new(comm, s).on_device(local_rank)?;
     let mut summary = Summary {
         records: Vec::new(),
         wrong: 0,

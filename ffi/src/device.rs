@@ -134,7 +134,8 @@ impl Drop for Pushed {
 }
 
 /// Copies `len` bytes of device memory at `src` into a new host buffer, on `stream` after its
-/// earlier work; returns once they are on the host.
+/// earlier work; returns once they are on the host, or fails with `oxcclTimeout` when the stream
+/// has not got there within the communicator's timeout (`rank` names it).
 ///
 /// # Safety
 ///
@@ -144,6 +145,7 @@ unsafe fn download(
     src: *const c_void,
     len: usize,
     stream: sys::CUstream,
+    (rank, timeout): (usize, std::time::Duration),
 ) -> Result<Vec<u8>, Failure> {
     let mut host = vec![0u8; len];
     if len > 0 {
@@ -156,10 +158,17 @@ unsafe fn download(
                 stream,
             )
         })?;
-        // SAFETY: a stream of the current context.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(stream)
-        })?;
+        // SAFETY: a stream of the current context; the driver is loaded.
+        let done = unsafe { cuda::wait_stream(stream, timeout) }.map_err(Failure::from)?;
+        if !done {
+            return Err(Failure {
+                code: oxcclTimeout,
+                message: format!(
+                    "rank {rank}: the copy from the device waited {timeout:?} for the CUDA \
+                     stream's earlier work (OXCCL_TIMEOUT)"
+                ),
+            });
+        }
     }
     Ok(host)
 }
@@ -205,6 +214,10 @@ pub(crate) fn collective(
     }
     cuda::device_count().map_err(|e| cuda_failure("a CUDA stream was given", e))?;
     let stream = stream as sys::CUstream;
+    let (rank, timeout) = {
+        let c = entry.comm()?;
+        (c.rank(), c.timeout())
+    };
     match buffers {
         Buffers::Shared(buf) => {
             let (p, len) = buf.write()?;
@@ -214,7 +227,7 @@ pub(crate) fn collective(
             device_memory(p.cast(), buf.name)?;
             let _ctx = Pushed::context_of(p.cast())?;
             // SAFETY: `p` is device memory (checked) of `len` bytes (the caller's contract).
-            let mut host = unsafe { download(p.cast(), len, stream) }?;
+            let mut host = unsafe { download(p.cast(), len, stream, (rank, timeout)) }?;
             issue(
                 entry,
                 host_job(plan.in_place(true), &mut host, None, premul),
@@ -237,7 +250,7 @@ pub(crate) fn collective(
             }
             let _ctx = first.map(Pushed::context_of).transpose()?;
             // SAFETY: device memory (checked) of `slen` bytes (the caller's contract).
-            let input = unsafe { download(sp.cast(), slen, stream) }?;
+            let input = unsafe { download(sp.cast(), slen, stream, (rank, timeout)) }?;
             let mut output = vec![0u8; rlen];
             issue(entry, host_job(plan, &mut output, Some(&input), premul))?;
             // SAFETY: device memory (checked) of `rlen` bytes (the caller's contract).

@@ -18,28 +18,10 @@ use std::sync::Arc;
 
 use crate::algo::Collective;
 use crate::error::{Error, Result};
-use crate::reduce::cuda::{CudaStream, DevicePtr, DevicePtrMut};
+use crate::reduce::cuda::{self, CudaStream, DevicePtr, DevicePtrMut};
 use crate::types::{DataType, Rank, ReduceOp};
 
 use super::Communicator;
-
-/// Copies device memory into a new host buffer, on `stream` after its earlier work; returns
-/// once the bytes are on the host.
-fn download<S: DevicePtr<u8>>(
-    stream: &Arc<CudaStream>,
-    src: &S,
-) -> std::result::Result<Vec<u8>, String> {
-    let mut host = vec![0u8; src.len()];
-    if !host.is_empty() {
-        stream
-            .memcpy_dtoh(src, &mut host)
-            .map_err(|e| format!("copying {} bytes from the device: {e}", host.len()))?;
-        stream
-            .synchronize()
-            .map_err(|e| format!("waiting for the copy from the device: {e}"))?;
-    }
-    Ok(host)
-}
 
 /// Enqueues the copy of `host` into device memory on `stream`. From pageable memory the driver
 /// returns once it has taken the bytes, so `host` may go when this returns.
@@ -71,6 +53,38 @@ impl Communicator {
         ))
     }
 
+    /// Copies device memory into a new host buffer, on `stream` after its earlier work; returns
+    /// once the bytes are on the host, or fails when the stream has not got there within the
+    /// communicator's timeout.
+    fn download<S: DevicePtr<u8>>(
+        &self,
+        c: Collective,
+        stream: &Arc<CudaStream>,
+        src: &S,
+    ) -> Result<Vec<u8>> {
+        let mut host = vec![0u8; src.len()];
+        if host.is_empty() {
+            return Ok(host);
+        }
+        stream.memcpy_dtoh(src, &mut host).map_err(|e| {
+            self.device_error(
+                c,
+                format!("copying {} bytes from the device: {e}", host.len()),
+            )
+        })?;
+        // SAFETY: `memcpy_dtoh` made the stream's context current on this thread and loaded
+        // the driver; the stream lives as long as `stream`.
+        if !unsafe { cuda::wait_stream(stream.cu_stream(), self.timeout()) }? {
+            return Err(Error::Timeout {
+                rank: self.rank(),
+                op: format!("{c} on device memory (the CUDA stream's earlier work)"),
+                peer: None,
+                after: self.timeout(),
+            });
+        }
+        Ok(host)
+    }
+
     /// Out of place: stages `send` (None: this rank's input does not matter), runs `host` on
     /// host copies, and copies its output back into `recv` (None: this rank's output does not
     /// matter, and its device memory is left alone).
@@ -87,7 +101,7 @@ impl Communicator {
         D: DevicePtrMut<u8>,
     {
         let input = match send {
-            Some(s) => download(stream, s).map_err(|e| self.device_error(c, e))?,
+            Some(s) => self.download(c, stream, s)?,
             None => Vec::new(),
         };
         let mut output = vec![0u8; recv.as_ref().map_or(0, |r| r.len())];
@@ -106,7 +120,7 @@ impl Communicator {
         buf: &mut D,
         host: impl FnOnce(&Communicator, &mut [u8]) -> Result<()>,
     ) -> Result<()> {
-        let mut b = download(stream, buf).map_err(|e| self.device_error(c, e))?;
+        let mut b = self.download(c, stream, buf)?;
         host(self, &mut b)?;
         upload(stream, &b, buf).map_err(|e| self.device_error(c, e))
     }
@@ -204,8 +218,7 @@ impl Communicator {
     ) -> Result<()> {
         if self.rank() != root {
             // A non-root's buffer is its input only: read, never written back.
-            let mut input =
-                download(stream, buf).map_err(|e| self.device_error(Collective::Reduce, e))?;
+            let mut input = self.download(Collective::Reduce, stream, buf)?;
             return self.reduce_in_place_bytes(&mut input, dtype, op, root);
         }
         self.staged_in_place(Collective::Reduce, stream, buf, |c, b| {

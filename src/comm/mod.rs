@@ -266,6 +266,11 @@ impl Communicator {
         self.inner.size
     }
 
+    /// How long any wait of this communicator's calls may last ([`Config::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.config.timeout
+    }
+
     /// Where the ranks run.
     pub fn topology(&self) -> &Topology {
         &self.inner.topo

@@ -107,6 +107,41 @@ pub fn device_count() -> Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Waits until `stream` has run everything enqueued on it, for at most `timeout`: polls
+/// `cuStreamQuery`, yielding then sleeping (up to 1 ms) between looks, where
+/// `cuStreamSynchronize` would wait without a deadline (a kernel that never ends on the
+/// caller's stream). `Ok(false)` when the time ran out.
+///
+/// # Safety
+///
+/// `stream` is a live stream (NULL: the default stream) of the context current on this thread,
+/// and the driver is loaded ([`device_count`] succeeded).
+pub unsafe fn wait_stream(
+    stream: cudarc::driver::sys::CUstream,
+    timeout: std::time::Duration,
+) -> Result<bool> {
+    use cudarc::driver::sys::{CUresult, cuStreamQuery};
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(1);
+    loop {
+        // SAFETY: the function's contract.
+        match unsafe { cuStreamQuery(stream) } {
+            CUresult::CUDA_SUCCESS => return Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => {}
+            e => return Err(driver_error("cuStreamQuery", DriverError(e))),
+        }
+        if start.elapsed() >= timeout {
+            return Ok(false);
+        }
+        if pause < std::time::Duration::from_micros(20) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+        }
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    }
+}
+
 fn driver_error(what: &str, e: DriverError) -> Error {
     Error::Unavailable(format!("CUDA: {what} failed: {e}"))
 }

@@ -75,8 +75,13 @@ fn round(c: &Communicator, count: usize, mask: u32) -> Result<(), String> {
     } else {
         vec![0.0; count]
     };
+    // Blocking ranks go out of place on odd ranks, in place on even ones: a size class's
+    // first call comes in different placements, and every rank must still take one route.
     let got = if asynchronous {
         c.broadcast_async(mine, root).and_then(|w| w.wait())
+    } else if r % 2 == 1 {
+        let mut out = vec![0.0; count];
+        c.broadcast(&mine, &mut out, root).map(|()| out)
     } else {
         let mut buf = mine;
         c.broadcast_in_place(&mut buf, root).map(|()| buf)

@@ -165,9 +165,41 @@ pub(crate) struct Means {
     pub remote: Option<LinkKind>,
 }
 
-/// Schedule candidates, each with its simulated time in seconds and the message hops on its
-/// critical path (`None`: not priced).
-type Priced = Vec<(Choice, Option<(f64, usize)>)>;
+/// Schedule candidates, each with its simulated times (`None`: not priced).
+type Priced = Vec<(Choice, Option<Price>)>;
+
+/// A schedule's simulated time in both placements, and the message hops on its critical path
+/// (the more of the two).
+///
+/// Ranks may place one call differently (in place on one rank, out of place on another), and
+/// the first call of a size class on a rank may come in either placement; every rank must
+/// still take the same schedule. So schedules are compared by what they cost in both
+/// placements together, a figure no rank's placement or history changes. Priced in the first
+/// call's placement alone, 2 ranks over TCP took the direct broadcast of 4 bytes where out of
+/// place came first and the ring where in place did: ranks placed differently failed with a
+/// mismatch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Price {
+    out_of_place: f64,
+    in_place: f64,
+    hops: usize,
+}
+
+impl Price {
+    /// Both placements together: what the decision compares.
+    fn both(&self) -> f64 {
+        self.out_of_place + self.in_place
+    }
+
+    /// In the given placement: what the tables show.
+    fn placed(&self, in_place: bool) -> f64 {
+        if in_place {
+            self.in_place
+        } else {
+            self.out_of_place
+        }
+    }
+}
 
 /// Schedules priced within this fraction of the cheapest count as ties, broken by fewer message
 /// hops on the critical path: what the model leaves out (processor time per message, waiting
@@ -190,8 +222,8 @@ impl Prices {
         self.by_class.clear();
     }
 
-    /// Every schedule candidate of `plan` with its estimate and critical-path hops (`None`:
-    /// not priced).
+    /// Every schedule candidate of `plan` with its estimates in both placements (`None`: not
+    /// priced).
     fn of(
         &mut self,
         plan: &Plan,
@@ -208,7 +240,20 @@ impl Prices {
         }
         let priced: Priced = schedule_candidates(plan.collective, means, config)
             .into_iter()
-            .map(|c| (c, price_schedule(plan, c, class, means, costs, hosts)))
+            .map(|c| {
+                let at = |in_place| {
+                    price_schedule(&plan.in_place(in_place), c, class, means, costs, hosts)
+                };
+                let price = match (at(false), at(true)) {
+                    (Some((o, ho)), Some((i, hi))) => Some(Price {
+                        out_of_place: o,
+                        in_place: i,
+                        hops: ho.max(hi),
+                    }),
+                    _ => None,
+                };
+                (c, price)
+            })
             .collect();
         if self.by_class.len() >= Self::MAX_CLASSES {
             self.by_class.clear();
@@ -367,24 +412,25 @@ pub(crate) fn decide(
     } else {
         prices.of(plan, means, config, costs, hosts)
     };
+    // Both placements together (see `Price`).
     let cheapest = scheduled
         .iter()
-        .filter_map(|(_, p)| p.map(|(t, _)| t))
+        .filter_map(|(_, p)| p.map(|p| p.both()))
         .fold(f64::INFINITY, f64::min);
     let best = scheduled
         .iter()
         .filter_map(|&(c, p)| {
-            let (t, hops) = p?;
-            (t <= cheapest * (1.0 + TIE)).then_some((c, t, hops))
+            let p = p?;
+            (p.both() <= cheapest * (1.0 + TIE)).then_some((c, p.both(), p.hops))
         })
         .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)))
         .map(|(c, t, _)| (c, t));
     if area {
         let (way, why) = area_way(plan, bytes, means, config, costs);
         // A schedule over the links instead only where it is cheaper than the area's best
-        // way in both placements (ranks placed differently must still meet).
+        // way, both placements together (ranks placed differently must still meet).
         if let (Some((choice, t)), Some(a)) = (best, area_both(plan, bytes, means, costs))
-            && 2.0 * t < a
+            && t < a
         {
             return Decision {
                 route: Route::Schedule(choice),
@@ -481,7 +527,7 @@ pub(crate) fn price(
         prices
             .of(plan, means, config, costs, hosts)
             .into_iter()
-            .map(|(c, p)| (Route::Schedule(c), p.map(|(t, _)| t))),
+            .map(|(c, p)| (Route::Schedule(c), p.map(|p| p.placed(plan.in_place)))),
     );
     out
 }
@@ -1212,6 +1258,49 @@ mod tests {
                 (priced / whole - 1.0).abs() < 0.10,
                 "{algorithm}: priced {priced} s, simulated whole {whole} s"
             );
+        }
+    }
+    /// Ranks may place one call differently (in place on one, out of place on another) and
+    /// reach a size class in different orders: every rank must still take the same schedule,
+    /// or the same area (whose ways agree among themselves), or they would not meet.
+    #[test]
+    fn placement_and_history_never_change_the_route_kind() {
+        let costs = Costs::defaults();
+        let config = Config::default();
+        let mut setups = Vec::new();
+        for n in [2, 3, 4, 8] {
+            let mut shm = means(n, true, true);
+            shm.local = Some(LinkKind::Shm);
+            let mut tcp = means(n, false, false);
+            tcp.local = Some(LinkKind::Tcp);
+            setups.extend([shm, tcp]);
+        }
+        let kind = |d: &Decision| match d.route {
+            Route::Area(_) => None,
+            Route::Schedule(c) => Some(c),
+        };
+        for m in &setups {
+            let hosts = hosts_of(m);
+            for c in Collective::ALL {
+                let counts = (0..=24).step_by(2).map(|k| 1usize << k);
+                for count in counts {
+                    let plan = Plan::new(c, count, DataType::F32);
+                    let (out, inp) = (plan.in_place(false), plan.in_place(true));
+                    // One rank saw out of place first, the other in place first.
+                    let (mut a, mut b) = (Prices::default(), Prices::default());
+                    let a1 = super::decide(&out, m, &config, costs, &hosts, &mut a);
+                    let a2 = super::decide(&inp, m, &config, costs, &hosts, &mut a);
+                    let b1 = super::decide(&inp, m, &config, costs, &hosts, &mut b);
+                    let b2 = super::decide(&out, m, &config, costs, &hosts, &mut b);
+                    let all = [kind(&a1), kind(&a2), kind(&b1), kind(&b2)];
+                    assert!(
+                        all.iter().all(|k| *k == all[0]),
+                        "{} ranks, area {}, {c} of {count}: {all:?}",
+                        m.nranks,
+                        m.area
+                    );
+                }
+            }
         }
     }
 }

@@ -340,7 +340,10 @@ fn topology(
             &me.host,
             &topo::host_name(),
             nic,
-            config.nvml_library.as_deref(),
+            config
+                .nvml_library
+                .as_deref()
+                .map(|l| (l, topo::nvml::WAIT.min(config.timeout))),
         );
         place.rdma = rdma;
         let mine = serde_json::to_vec(&(host, place))

@@ -6,18 +6,20 @@
 
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use super::{Cache, Gpu, Host, Nic, NumaNode, NvLink, Place, cpulist, nvml};
 
 /// This host's hardware and this process's place on it, read under `root` ("/" in real use);
 /// `id` and `name` are the host identity and host name, `nic` the interface TCP uses, `nvml`
-/// the NVML library to ask about NVIDIA GPUs (`None`: do not load it).
+/// the NVML library to ask about NVIDIA GPUs and how long to wait for its answer (`None`: do
+/// not load it).
 pub(crate) fn local(
     root: &Path,
     id: &str,
     name: &str,
     nic: Option<String>,
-    nvml: Option<&Path>,
+    nvml: Option<(&Path, Duration)>,
 ) -> (Host, Place) {
     let numa = numa_nodes(root);
     let cpus = allowed_cpus(root);
@@ -233,8 +235,8 @@ fn nics(root: &Path) -> Vec<Nic> {
 
 /// PCI display and 3D controllers (class 0x0300, 0x0302) of NVIDIA (0x10de) and AMD (0x1002);
 /// for the NVIDIA ones, what the NVML library at `nvml` says of their NVLinks and peer-to-peer
-/// reachability (loaded only when there is an NVIDIA GPU).
-fn gpus(root: &Path, nvml: Option<&Path>) -> Vec<Gpu> {
+/// reachability within the time given with it (loaded only when there is an NVIDIA GPU).
+fn gpus(root: &Path, nvml: Option<(&Path, Duration)>) -> Vec<Gpu> {
     let mut gpus: Vec<Gpu> = entries(root, "/sys/bus/pci/devices")
         .into_iter()
         .filter_map(|bus| {
@@ -260,7 +262,7 @@ fn gpus(root: &Path, nvml: Option<&Path>) -> Vec<Gpu> {
         .collect();
     let Some(reach) = nvml
         .filter(|_| !nvidia.is_empty())
-        .and_then(|lib| nvml::query(lib, &nvidia))
+        .and_then(|(lib, within)| nvml::query(lib, &nvidia, within))
     else {
         return gpus;
     };
@@ -463,7 +465,7 @@ mod tests {
             put(&format!("{d}/numa_node"), "0");
         }
         let lib = fake_nvml(&root);
-        let gpus = gpus(&root, Some(&lib));
+        let gpus = gpus(&root, Some((&lib, nvml::WAIT)));
         let got: Vec<String> = gpus
             .iter()
             .map(|g| {
@@ -497,7 +499,7 @@ mod tests {
         assert_eq!(open, 0);
         // Without NVML (none asked for, or none there) the GPUs are found and nothing more.
         for nvml in [None, Some(root.join("missing.so"))] {
-            let plain = super::gpus(&root, nvml.as_deref());
+            let plain = super::gpus(&root, nvml.as_deref().map(|l| (l, nvml::WAIT)));
             assert_eq!(plain.len(), 6);
             assert!(
                 plain
@@ -505,6 +507,58 @@ mod tests {
                     .all(|g| g.nvlinks.is_empty() && g.p2p.is_none())
             );
         }
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// NVML's calls have no deadline: a driver that does not answer leaves the GPUs' reach
+    /// unknown after the wait, at once for later communicators, and known once it answers.
+    #[test]
+    fn an_nvml_that_does_not_answer_in_time_leaves_the_reach_unknown() {
+        let root = std::env::temp_dir().join(format!("oxccl-nvml-hang-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for bus in ["0000:1a:00.0", "0000:1b:00.0"] {
+            let d = format!("sys/bus/pci/devices/{bus}");
+            put(&root, &format!("{d}/class"), "0x030200");
+            put(&root, &format!("{d}/vendor"), "0x10de");
+        }
+        // A library of its own: the process keeps its answers per library path.
+        let lib = fake_nvml(&root);
+        // Held while the test runs, so that the query loads this instance, hang and all.
+        // SAFETY: the library built above; `fake_nvml_hang` is `void (unsigned)`.
+        let held = unsafe {
+            let l = libloading::Library::new(&lib).unwrap();
+            let f: libloading::Symbol<unsafe extern "C" fn(std::ffi::c_uint)> =
+                l.get(b"fake_nvml_hang").unwrap();
+            f(1500);
+            l
+        };
+        let unknown = |g: &Vec<Gpu>| g.len() == 2 && g.iter().all(|g| g.p2p.is_none());
+        let wait = Duration::from_millis(200);
+        let start = std::time::Instant::now();
+        let first = gpus(&root, Some((&lib, wait)));
+        let took = start.elapsed();
+        assert!(unknown(&first), "{first:?}");
+        assert!(
+            took + Duration::from_millis(5) >= wait && took < Duration::from_millis(1200),
+            "{took:?}"
+        );
+        // Later callers do not wait again while the question hangs.
+        let start = std::time::Instant::now();
+        let second = gpus(&root, Some((&lib, Duration::from_secs(5))));
+        assert!(unknown(&second), "{second:?}");
+        assert!(start.elapsed() < Duration::from_millis(500));
+        // Once the driver answers, the answer is there.
+        std::thread::sleep(Duration::from_millis(1600));
+        let later = gpus(&root, Some((&lib, wait)));
+        let p2p: Vec<_> = later.iter().map(|g| g.p2p.clone()).collect();
+        assert_eq!(
+            p2p,
+            [
+                Some(vec!["0000:1b:00.0".to_owned()]),
+                Some(vec!["0000:1a:00.0".to_owned()])
+            ]
+        );
+        drop(held);
         fs::remove_dir_all(&root).unwrap();
     }
 
@@ -524,7 +578,7 @@ mod tests {
             "x",
             "x",
             None,
-            Some(Path::new("libnvidia-ml.so.1")),
+            Some((Path::new("libnvidia-ml.so.1"), nvml::WAIT)),
         );
         assert!(!host.numa.is_empty());
         assert!(!cpulist::parse(&place.cpus).is_empty(), "{place:?}");

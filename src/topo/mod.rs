@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::types::Rank;
 
 pub(crate) mod discover;
-mod nvml;
+pub(crate) mod nvml;
 
 /// The version of [`Topology`]'s serialized form; a fixture of another version is refused.
 pub const TOPOLOGY_VERSION: u32 = 1;

@@ -8,10 +8,16 @@
 //! A process asks once per library and set of GPUs and keeps the answer; the library stays
 //! loaded (NCCL never unloads it either: unloading a driver library that may have started
 //! threads is not worth the risk).
+//!
+//! The asking runs on a thread of its own, and a caller waits for it only so long
+//! ([`query`]'s `within`): NVML's calls have no deadline (a wedged driver can hold `nvmlInit`
+//! forever), and a communicator's creation must not. Past that, the GPUs' reach is unknown for
+//! this process, and the thread is left to finish or not.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// `nvmlReturn_t`.
 type Ret = c_int;
@@ -112,30 +118,93 @@ impl Api {
     }
 }
 
-/// One answer per library and GPU list: what [`query`] found.
-type Answer = (PathBuf, Vec<String>, Option<Vec<Option<Reach>>>);
+/// How long a communicator's creation waits for NVML's answer (less if the communicator's
+/// timeout is shorter): `nvmlInit` takes a second or two where the driver is not kept loaded.
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-/// The answers so far. A process asks NVML once per library and set of GPUs (the hardware does
-/// not change under it), however many communicators it creates: `nvmlInit` can take a second
-/// where the driver is not kept loaded. Distinct keys come from distinct configurations, so the
-/// list stays as short as those.
-static ASKED: Mutex<Vec<Answer>> = Mutex::new(Vec::new());
+/// What [`ask`] found: one entry per bus, `None` for a GPU NVML does not know; `None` where
+/// NVML cannot be loaded or initialised.
+type Answer = Option<Vec<Option<Reach>>>;
 
-/// Asks the NVML at `library` about the GPUs at `buses` (sysfs bus ids), once per process.
-/// `None` where NVML cannot be loaded or initialised; else one entry per bus, `None` for a GPU
-/// NVML does not know.
-pub(crate) fn query(library: &Path, buses: &[String]) -> Option<Vec<Option<Reach>>> {
-    let mut asked = ASKED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, _, answer)) = asked.iter().find(|(l, b, _)| l == library && b == buses) {
-        return answer.clone();
+/// Where one question's answer lands.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+enum State {
+    /// The asking thread has not answered yet.
+    #[default]
+    Asking,
+    /// A caller waited its time out: later callers take the reach for unknown at once (until
+    /// the thread answers after all).
+    Late,
+    Answered(Answer),
+}
+
+/// The questions so far, by library and GPU list. A process asks NVML once per library and
+/// set of GPUs (the hardware does not change under it), however many communicators it creates:
+/// `nvmlInit` can take a second where the driver is not kept loaded. Distinct keys come from
+/// distinct configurations, so the list stays as short as those.
+static ASKED: Mutex<Vec<Question>> = Mutex::new(Vec::new());
+
+/// A library, the GPUs asked about, and where the answer lands.
+type Question = (PathBuf, Vec<String>, Arc<Slot>);
+
+/// Asks the NVML at `library` about the GPUs at `buses` (sysfs bus ids), once per process,
+/// waiting at most `within` for the answer (see the module's doc). `None` where NVML cannot
+/// be loaded or initialised or did not answer in time; else one entry per bus, `None` for a
+/// GPU NVML does not know.
+pub(crate) fn query(library: &Path, buses: &[String], within: Duration) -> Answer {
+    let slot = {
+        let mut asked = ASKED.lock().unwrap_or_else(|e| e.into_inner());
+        match asked.iter().find(|(l, b, _)| l == library && b == buses) {
+            Some((_, _, slot)) => slot.clone(),
+            None => {
+                let slot = Arc::new(Slot::default());
+                asked.push((library.to_owned(), buses.to_vec(), slot.clone()));
+                let (lib, gpus, answer) = (library.to_owned(), buses.to_vec(), slot.clone());
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("oxccl-nvml".into())
+                        .spawn(move || {
+                            let found = ask(&lib, &gpus);
+                            *answer.state.lock().unwrap_or_else(|e| e.into_inner()) =
+                                State::Answered(found);
+                            answer.ready.notify_all();
+                        });
+                if let Err(e) = spawned {
+                    tracing::warn!("NVML not asked: cannot start a thread: {e}");
+                    *slot.state.lock().unwrap_or_else(|e| e.into_inner()) = State::Answered(None);
+                }
+                slot
+            }
+        }
+    };
+    let state = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut state, _) = slot
+        .ready
+        .wait_timeout_while(state, within, |s| matches!(s, State::Asking))
+        .unwrap_or_else(|e| e.into_inner());
+    match &*state {
+        State::Answered(answer) => answer.clone(),
+        State::Late => None,
+        State::Asking => {
+            tracing::warn!(
+                "NVML ({}) did not answer within {within:?}: the GPUs' NVLinks and \
+                 peer-to-peer reach are unknown to this process",
+                library.display()
+            );
+            *state = State::Late;
+            None
+        }
     }
-    let answer = ask(library, buses);
-    asked.push((library.to_owned(), buses.to_vec(), answer.clone()));
-    answer
 }
 
 /// [`query`]'s work: load, init, ask, shut down.
-fn ask(library: &Path, buses: &[String]) -> Option<Vec<Option<Reach>>> {
+fn ask(library: &Path, buses: &[String]) -> Answer {
     let api = Api::load(library)?;
     // SAFETY: a plain call of a loaded NVML function; every call below happens between this
     // successful init and the shutdown at the end, as NVML requires.
@@ -256,6 +325,7 @@ mod tests {
         let q = query(
             Path::new("/nonexistent/libnvidia-ml.so.1"),
             &["0000:3b:00.0".into()],
+            WAIT,
         );
         assert!(q.is_none());
     }

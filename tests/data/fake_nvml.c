@@ -10,10 +10,11 @@
  * Bus ids come back the way NVML writes them (upper case, legacy 16-byte field); handles are
  * looked up by bus id in any case. Every query before nvmlInit or after the last nvmlShutdown
  * answers NVML_ERROR_UNINITIALIZED, and fake_nvml_inits() tells the test how many inits are
- * still open. */
+ * still open; fake_nvml_hang(ms) makes nvmlInit_v2 take that long, as a wedged driver would. */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 typedef struct {
     char busId[16];
@@ -33,7 +34,11 @@ static int dev(void *h) {
     return -1;
 }
 
-int nvmlInit_v2(void) { inits++; return 0; }
+/* A wedged driver: nvmlInit_v2 takes this long first (fake_nvml_hang sets it). */
+static unsigned hang_ms = 0;
+void fake_nvml_hang(unsigned ms) { hang_ms = ms; }
+
+int nvmlInit_v2(void) { if (hang_ms) usleep(hang_ms * 1000); inits++; return 0; }
 int nvmlShutdown(void) { if (inits == 0) return 1; inits--; return 0; }
 int fake_nvml_inits(void) { return inits; }
 

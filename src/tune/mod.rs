@@ -1275,6 +1275,14 @@ mod tests {
             tcp.local = Some(LinkKind::Tcp);
             setups.extend([shm, tcp]);
         }
+        // Across hosts, where the hierarchical compositions are candidates too.
+        for (hosts, per_host) in [(2, 2), (3, 2), (4, 1)] {
+            let mut m = means(hosts * per_host, false, false);
+            (m.hosts, m.per_host) = (hosts, per_host);
+            m.local = Some(LinkKind::Shm);
+            m.remote = Some(LinkKind::Tcp);
+            setups.push(m);
+        }
         let kind = |d: &Decision| match d.route {
             Route::Area(_) => None,
             Route::Schedule(c) => Some(c),

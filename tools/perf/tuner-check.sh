@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The tuner against measurement: for each size (8 B .. 256 MiB by 4) and placement, every
-# candidate forced — the ways through the shared group area (OXCCL_AREA_WAY), or with -t tcp
+# candidate forced — over shm the ways through the shared group area (OXCCL_AREA_WAY) and the
+# schedules over the shared-memory links (OXCCL_ALGO), which the tuner prices too; with -t tcp
 # the schedules over TCP links (OXCCL_ALGO: ring, tree, hd, direct) — the tuner with the
 # defaults, and the tuner with a calibration run on this machine just before, all interleaved
-# round by round. Prints, per size and placement, each way's time, what the tuner picked and how
+# round by round. Columns named area-<way> and link-<algorithm>. Prints, per size and placement, each way's time, what the tuner picked and how
 # its time compares with the measured best (target: within 10%, or 2 µs for sizes that take
 # less than 20 µs).
 #
@@ -23,14 +24,18 @@ while getopts "r:n:o:e:t:" o; do
     *) exit 2 ;;
   esac
 done
-FORCE=OXCCL_AREA_WAY
-if [ "$TRANSPORT" = tcp ]; then
-  WAYS="ring tree hd direct"; FORCE=OXCCL_ALGO
-  case $COLL in
-    all_gather|reduce_scatter) WAYS="ring direct" ;;
-    broadcast|reduce) WAYS="ring tree direct" ;;
-  esac
-elif [ "$COLL" = all_reduce ]; then WAYS="one-shot two-shot direct"; else WAYS="staged direct"; fi
+LINKS="ring tree hd direct"
+case $COLL in
+  all_gather|reduce_scatter) LINKS="ring direct" ;;
+  broadcast|reduce) LINKS="ring tree direct" ;;
+  all_to_all|gather|scatter) LINKS="direct" ;;
+esac
+WAYS=""
+if [ "$TRANSPORT" = shm ]; then
+  if [ "$COLL" = all_reduce ]; then AREA="one-shot two-shot direct"; else AREA="staged direct"; fi
+  for w in $AREA; do WAYS="$WAYS area-$w"; done
+fi
+for l in $LINKS; do WAYS="$WAYS link-$l"; done
 export OXCCL_TRANSPORTS=$TRANSPORT
 OUT=$PWD/target/perf/tuner-$COLL-$TRANSPORT-${RANKS}r-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
@@ -43,7 +48,11 @@ OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" --ranks "$RANKS" -b 8 -e 8 --calibrate \
 grep -h "tuner costs" "$OUT/calibrate.log" || true
 for r in $(seq 1 "$ROUNDS"); do
   for way in $WAYS; do
-    env OXCCL_TUNE=defaults "$FORCE=$way" "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
+    case $way in
+      area-*) force="OXCCL_AREA_WAY=${way#area-}" ;;
+      link-*) force="OXCCL_ALGO=${way#link-}" ;;
+    esac
+    env OXCCL_TUNE=defaults "$force" "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
   done
   OXCCL_TUNE=defaults "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-defaults-r$r.csv" > /dev/null
   OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-calibrated-r$r.csv" > /dev/null
@@ -51,7 +60,9 @@ done
 python3 - "$OUT" "$WAYS" "$TRANSPORT" > "$OUT/summary.md" <<'PY'
 import collections, csv, glob, os, statistics, sys
 out, ways, transport = sys.argv[1], sys.argv[2].split(), sys.argv[3]
-prefix = "shm " if transport == "shm" else ""
+def name(route):
+    # The route as allreduce-perf prints it ("shm staged", "ring") as a column name.
+    return "area-" + route[4:] if route.startswith("shm ") else "link-" + route
 times = collections.defaultdict(list)   # (run, size, placement) -> [us]
 picks = {}                              # (run, size, placement) -> route
 for path in sorted(glob.glob(os.path.join(out, "*-r*.csv"))):
@@ -61,10 +72,10 @@ for path in sorted(glob.glob(os.path.join(out, "*-r*.csv"))):
         algo = row["algorithm"]
         route = algo.split("; in place ")[1] if place == "in-place" and "; in place " in algo \
             else algo.split(";")[0]
-        if run in ways and route != f"{prefix}{run}":
+        if run in ways and name(route) != run:
             continue  # the way cannot take this call (one-shot past an area buffer)
         times[(run, size, place)].append(float(row["time_us"]))
-        picks[(run, size, place)] = route.replace("shm ", "") if prefix else route
+        picks[(run, size, place)] = name(route)
 med = {k: statistics.median(v) for k, v in times.items()}
 sizes = sorted({k[1] for k in med})
 def fmt(us):

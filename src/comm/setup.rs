@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use oxccl_transport::auth::Secret;
 use oxccl_transport::loopback::{Hub, LoopbackTransport};
@@ -202,14 +202,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let flags = Arc::new(Flags::new());
     let liveness = match heartbeat {
         Some((socket, period)) => {
-            let peers: Vec<(Rank, SocketAddr, std::time::Duration)> =
-                liveness::neighbours(rank, size)
-                    .into_iter()
-                    .filter_map(|p| {
-                        let (a, d) = infos[p].endpoint("hb").and_then(liveness::parse_endpoint)?;
-                        Some((p, a, d))
-                    })
-                    .collect();
+            let peers: Vec<(Rank, SocketAddr, Duration)> = liveness::neighbours(rank, size)
+                .into_iter()
+                .filter_map(|p| {
+                    let (a, d) = infos[p].endpoint("hb").and_then(liveness::parse_endpoint)?;
+                    Some((p, a, d))
+                })
+                .collect();
             let beat = peers.iter().map(|p| p.2).fold(period, std::cmp::min);
             let seal = liveness::Seal::new(boot.secret.as_bytes(), liveness::tag(&boot.prefix));
             let peers = peers.into_iter().map(|(p, a, _)| (p, a)).collect();
@@ -304,6 +303,13 @@ fn link_kind(
 /// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery
 /// exchanged through the store (one key per rank). Rank 0 writes it to
 /// `OXCCL_TOPO_DUMP_FILE` when set.
+/// How long discovery may wait for NVML: at most [`topo::nvml::WAIT`], and half of what is
+/// left before `deadline`, so that a driver that does not answer leaves time for the exchange
+/// of topologies that follows.
+fn nvml_wait(deadline: Instant) -> Duration {
+    topo::nvml::WAIT.min(deadline.saturating_duration_since(Instant::now()) / 2)
+}
+
 fn topology(
     boot: &Boot,
     store: &PrefixStore,
@@ -343,7 +349,7 @@ fn topology(
             config
                 .nvml_library
                 .as_deref()
-                .map(|l| (l, topo::nvml::WAIT.min(config.timeout))),
+                .map(|l| (l, nvml_wait(deadline))),
         );
         place.rdma = rdma;
         let mine = serde_json::to_vec(&(host, place))

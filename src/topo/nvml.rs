@@ -170,7 +170,13 @@ pub(crate) fn query(library: &Path, buses: &[String], within: Duration) -> Answe
                     std::thread::Builder::new()
                         .name("oxccl-nvml".into())
                         .spawn(move || {
-                            let found = ask(&lib, &gpus);
+                            // A panic in there (a library answering nonsense) is an unknown
+                            // reach, settled at once, not a question left asking.
+                            let found =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    ask(&lib, &gpus)
+                                }))
+                                .unwrap_or(None);
                             *answer.state.lock().unwrap_or_else(|e| e.into_inner()) =
                                 State::Answered(found);
                             answer.ready.notify_all();
@@ -198,6 +204,8 @@ pub(crate) fn query(library: &Path, buses: &[String], within: Duration) -> Answe
                 library.display()
             );
             *state = State::Late;
+            // Callers waiting with a longer time stop waiting too.
+            slot.ready.notify_all();
             None
         }
     }

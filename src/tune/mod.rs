@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use crate::algo::sim::{self, LinkModel, SimConfig};
 use crate::algo::{self, Algorithm, Choice, Collective, Hosts, Plan};
 use crate::config::Config;
+use crate::types::{DataType, ReduceOp};
 
 pub mod cost;
 
@@ -210,7 +211,7 @@ pub const TIE: f64 = 0.02;
 /// is the dear part of a decision, and every size of a class is priced at the class's top.
 #[derive(Debug, Default)]
 pub(crate) struct Prices {
-    by_class: HashMap<(Collective, u32), Priced>,
+    by_class: HashMap<(Collective, u32, DataType, ReduceOp), Priced>,
 }
 
 impl Prices {
@@ -234,7 +235,10 @@ impl Prices {
     ) -> Priced {
         let bytes = plan.count.saturating_mul(plan.dtype.size());
         let class = size_class(bytes);
-        let key = (plan.collective, class);
+        // The element type and the operator change the schedules too (element counts, an
+        // average's division): part of the key, so that what one call priced never answers
+        // for another (an `explain` of another type, say).
+        let key = (plan.collective, class, plan.dtype, plan.op);
         if let Some(p) = self.by_class.get(&key) {
             return p.clone();
         }
@@ -749,7 +753,6 @@ fn default_algorithm(collective: Collective, bytes: usize, n: usize) -> (Algorit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::DataType;
 
     fn means(nranks: usize, area: bool, direct: bool) -> Means {
         Means {

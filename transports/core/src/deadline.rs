@@ -52,17 +52,28 @@ impl<S: TimedStream> Deadlined<'_, S> {
     }
 }
 
+/// A blocking socket whose timeout ran out says `WouldBlock` (EAGAIN): that is the deadline.
+/// Without this, a call that the socket's timeout ended (rather than `arm`, when nothing was
+/// left) failed with `WouldBlock`, depending on when the last byte came.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "the deadline passed")
+    } else {
+        e
+    }
+}
+
 impl<S: TimedStream> Read for Deadlined<'_, S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.arm()?;
-        self.stream.read(buf)
+        self.stream.read(buf).map_err(timed_out)
     }
 }
 
 impl<S: TimedStream> Write for Deadlined<'_, S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.arm()?;
-        self.stream.write(buf)
+        self.stream.write(buf).map_err(timed_out)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -95,5 +106,23 @@ mod tests {
         assert!(took < Duration::from_millis(450), "took {took:?}");
         drop(a);
         trickle.join().unwrap();
+    }
+
+    /// A peer that sends nothing: the socket's own timeout ends the read, and that is the
+    /// deadline too (`TimedOut`, not the socket's `WouldBlock`).
+    #[test]
+    fn a_silent_peer_times_out() {
+        let (mut a, _b) = UnixStream::pair().unwrap();
+        let start = Instant::now();
+        let mut d = Deadlined {
+            stream: &mut a,
+            deadline: start + Duration::from_millis(100),
+        };
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            d.read_exact(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::TimedOut
+        );
+        assert!(start.elapsed() >= Duration::from_millis(100));
     }
 }

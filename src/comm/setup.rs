@@ -300,9 +300,6 @@ fn link_kind(
         .find_map(|r| LinkKind::of(names[r]?))
 }
 
-/// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery
-/// exchanged through the store (one key per rank). Rank 0 writes it to
-/// `OXCCL_TOPO_DUMP_FILE` when set.
 /// How long discovery may wait for NVML: at most [`topo::nvml::WAIT`], and half of what is
 /// left before `deadline`, so that a driver that does not answer leaves time for the exchange
 /// of topologies that follows.
@@ -310,6 +307,9 @@ fn nvml_wait(deadline: Instant) -> Duration {
     topo::nvml::WAIT.min(deadline.saturating_duration_since(Instant::now()) / 2)
 }
 
+/// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery
+/// exchanged through the store (one key per rank). Rank 0 writes it to
+/// `OXCCL_TOPO_DUMP_FILE` when set.
 fn topology(
     boot: &Boot,
     store: &PrefixStore,

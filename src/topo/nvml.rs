@@ -118,8 +118,9 @@ impl Api {
     }
 }
 
-/// How long a communicator's creation waits for NVML's answer (less if the communicator's
-/// timeout is shorter): `nvmlInit` takes a second or two where the driver is not kept loaded.
+/// The longest a communicator's creation waits for NVML's answer (less where half of what is
+/// left of its deadline is shorter): `nvmlInit` takes a second or two where the driver is not
+/// kept loaded.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// What [`ask`] found: one entry per bus, `None` for a GPU NVML does not know; `None` where

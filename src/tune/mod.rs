@@ -424,8 +424,8 @@ pub(crate) fn decide(
     let best = scheduled
         .iter()
         .filter_map(|&(c, p)| {
-            let p = p?;
-            (p.both() <= cheapest * (1.0 + TIE)).then_some((c, p.both(), p.hops))
+            let (t, hops) = p.map(|p| (p.both(), p.hops))?;
+            (t <= cheapest * (1.0 + TIE)).then_some((c, t, hops))
         })
         .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)))
         .map(|(c, t, _)| (c, t));
@@ -1263,6 +1263,7 @@ mod tests {
             );
         }
     }
+
     /// Ranks may place one call differently (in place on one, out of place on another) and
     /// reach a size class in different orders: every rank must still take the same schedule,
     /// or the same area (whose ways agree among themselves), or they would not meet.

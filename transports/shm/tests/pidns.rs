@@ -108,11 +108,13 @@ fn a_peer_in_a_hidden_pid_namespace_links_without_direct_access() {
         }
     };
     let mut link = links.pop().unwrap();
-    swap(&mut *link, 0, 1);
     // We see rank 1's pid: it is held by a pidfd (and, with ptrace allowed, read directly).
+    // Looked at before the swap, which rank 1 waits for: once it has swapped it may exit, and
+    // a pidfd rightly says so (CI saw this assertion fail when it looked after).
     let area = t0.areas().group(0).expect("both ranks over shm");
     assert!(area.peer_alive(1));
     println!("rank 0: direct access to rank 1: {}", area.direct());
+    swap(&mut *link, 0, 1);
     let status = child.wait().unwrap();
     assert!(
         status.success(),

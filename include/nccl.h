@@ -15,10 +15,12 @@
  * Every function also exists as pnccl* (pncclAllReduce, ...), the names profilers interpose.
  *
  * Memory: a NULL stream means host memory, and a call completes before it returns. With a CUDA
- * stream the collectives take CUDA device memory, staged through host memory in stream order
- * (not yet inside a group, on a non-blocking communicator, or for ncclSend/ncclRecv:
+ * stream the collectives, ncclSend and ncclRecv take CUDA device memory, staged through host
+ * memory in stream order (inside a group too; not yet on a non-blocking communicator:
  * ncclInvalidUsage). A NULL stream is CUDA's default stream where the program had loaded CUDA
  * before it made the communicator and the buffer is device memory; otherwise host memory.
+ * ncclMemAlloc gives device memory (on the current context) in a program that has loaded CUDA,
+ * as NCCL's does, and host memory otherwise.
  *
  * CUDA: this header needs no CUDA toolkit. It declares cudaStream_t exactly as CUDA's
  * driver_types.h does unless CUDA's runtime headers are already included, or can be found, in
@@ -45,6 +47,14 @@
 #endif
 #if !defined(__DRIVER_TYPES_H__) && !defined(CUDART_VERSION)
 typedef struct CUstream_st *cudaStream_t;
+#endif
+/* With CUDA's runtime headers, NVIDIA's nccl.h also brings in half and nv_bfloat16, and programs
+ * written for it (nccl-tests) use them without including these headers themselves. */
+#if defined(CUDART_VERSION)
+#include <cuda_fp16.h>
+#if CUDART_VERSION >= 11000
+#include <cuda_bf16.h>
+#endif
 #endif
 
 #define NCCL_MAJOR 2
@@ -121,6 +131,9 @@ typedef struct ncclConfig_v22700 {
 
 /* A registered window (opaque). */
 typedef struct ncclWindow *ncclWindow_t;
+/* ncclCommWindowRegister's winFlags, NCCL 2.27's values. */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
 
 /* Element types. */
 typedef enum {

@@ -3,11 +3,13 @@
  * oxccl prefix and nccl.h's numeric values).
  *
  * Memory: with a NULL `stream` (the trailing argument), host memory. With a CUDA stream, a
- * collective's buffers must be CUDA device memory (a host buffer with a stream is
- * oxcclInvalidArgument); the call copies what it reads from the device on that stream, after
- * the stream's earlier work, runs on the host, and enqueues the copy of the result on the same
- * stream before it returns (staged through host memory, for now; not yet inside a group, on a
- * non-blocking communicator, or for oxcclSend/oxcclRecv: oxcclInvalidUsage). A NULL stream
+ * collective's or a send's or receive's buffers must be CUDA device memory (a host buffer with
+ * a stream is oxcclInvalidArgument); the call copies what it reads from the device on that
+ * stream, after the stream's earlier work, runs on the host, and copies the result to the
+ * device on the same stream before it returns (staged through page-locked host memory, for
+ * now; inside a group the inputs are copied when the call is made and the results when
+ * oxcclGroupEnd has run the group; not yet on a non-blocking communicator: oxcclInvalidUsage).
+ * ncclMemAlloc of the drop-in libnccl gives device memory in a program that uses CUDA. A NULL stream
  * is CUDA's default stream where the program had loaded CUDA before it made the communicator
  * and the buffer is device memory. A host-memory call on a blocking communicator (the default)
  * completes before it returns; inside oxcclGroupStart/oxcclGroupEnd the calls complete when oxcclGroupEnd returns;
@@ -157,8 +159,8 @@ typedef int oxcclDataType_t;
 // only.
 typedef int oxcclRedOp_t;
 
-// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective given a stream takes
-// CUDA device memory, ordered on that stream.
+// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective, send or receive given a
+// stream takes CUDA device memory, ordered on that stream.
 typedef void *oxcclStream_t;
 
 // Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).

@@ -357,3 +357,36 @@ fn bad_sizes_on_device_memory_are_errors_naming_rank_and_call() {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
+
+/// The staging buffers are page-locked where a context is current, handed out zeroed when
+/// new, and reused: a buffer given back comes out again for the next call of its size class
+/// with what its last user left (the pool is process-wide; this test's sizes are its own).
+#[test]
+fn staging_buffers_are_page_locked_and_reused() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    ctx.bind_to_thread().unwrap();
+    const LEN: usize = (3 << 20) + 17; // capacity 4 MiB, used by no other test here
+    // SAFETY: the driver is loaded; no device copy touches the buffers.
+    let mut a = unsafe { cuda::Staging::new(LEN) };
+    assert!(
+        a.is_locked(),
+        "no page-locked memory with a current context"
+    );
+    assert_eq!(a.len(), LEN);
+    assert!(a.iter().all(|&b| b == 0), "a new buffer is not zeroed");
+    let at = a.as_ptr();
+    a.fill(0xa5);
+    drop(a);
+    // SAFETY: as above.
+    let b = unsafe { cuda::Staging::new(LEN - 1000) };
+    assert_eq!(b.as_ptr(), at, "the buffer given back was not reused");
+    assert_eq!(b.len(), LEN - 1000);
+    assert!(b.iter().all(|&x| x == 0xa5));
+    // A second buffer of the class while the first is out is another one.
+    // SAFETY: as above.
+    let c = unsafe { cuda::Staging::new(LEN) };
+    assert_ne!(c.as_ptr(), at);
+    assert!(c.is_locked());
+}

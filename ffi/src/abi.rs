@@ -121,8 +121,8 @@ pub struct oxcclComm {
 /// caller or by oxccl, only looked up among the live communicators.
 pub type oxcclComm_t = *mut oxcclComm;
 
-/// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective given a stream takes
-/// CUDA device memory, ordered on that stream.
+/// A CUDA stream (`cudaStream_t`): NULL for host memory; a collective, send or receive given a
+/// stream takes CUDA device memory, ordered on that stream.
 pub type oxcclStream_t = *mut std::ffi::c_void;
 
 /// Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).

@@ -415,11 +415,22 @@ pub unsafe extern "C" fn oxcclSend(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclSend", || {
-        host_only(stream)?;
         let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let (ptr, len) = Region::new(sendbuff, len, "sendbuff").read()?;
+        if crate::device::on_device(&entry, ptr.cast(), len, stream) {
+            // SAFETY: the buffer contract: `sendbuff` holds `len` bytes.
+            return unsafe {
+                crate::device::message(
+                    &entry,
+                    peer,
+                    true,
+                    (ptr.cast_mut().cast(), len, "sendbuff"),
+                    stream,
+                )
+            };
+        }
         let message = RawMessage {
             peer,
             send: true,
@@ -445,11 +456,16 @@ pub unsafe extern "C" fn oxcclRecv(
     stream: oxcclStream_t,
 ) -> oxcclResult_t {
     guard("oxcclRecv", || {
-        host_only(stream)?;
         let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let (ptr, len) = Region::new(recvbuff, len, "recvbuff").write()?;
+        if crate::device::on_device(&entry, ptr.cast_const().cast(), len, stream) {
+            // SAFETY: the buffer contract: `recvbuff` holds `len` bytes.
+            return unsafe {
+                crate::device::message(&entry, peer, false, (ptr.cast(), len, "recvbuff"), stream)
+            };
+        }
         let message = RawMessage {
             peer,
             send: false,

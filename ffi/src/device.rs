@@ -4,25 +4,29 @@
 //! memory as the Rust API's `*_device` methods do: it copies what the call reads from the
 //! device on that stream (after everything the stream already holds), runs the collective on
 //! the host engine, and enqueues the copy of the result back on the stream, so the stream's
-//! later work sees it. The call returns once that copy is enqueued.
+//! later work sees it. The call returns once the result is on the device. The host copies are
+//! page-locked buffers from a pool, reused from call to call.
 //!
 //! A NULL stream is CUDA's default stream where the program uses CUDA (it had loaded libcuda
 //! when it made the communicator) and the first buffer is device memory, as NCCL programs pass
 //! it; otherwise it means host memory, and nothing asks CUDA about the buffers.
 //!
-//! Not yet: device buffers inside `oxcclGroupStart`/`oxcclGroupEnd` or on a non-blocking
-//! communicator (`oxcclInvalidUsage`, saying so), and point-to-point calls with a stream.
+//! Sends and receives take device memory the same way (a send copies its bytes to the host
+//! first; a receive copies what came to the device after). Inside `oxcclGroupStart` /
+//! `oxcclGroupEnd` the inputs are copied to the host when the call is made, and the outermost
+//! `oxcclGroupEnd` runs the group and then copies the results to the device. Not yet: device
+//! buffers on a non-blocking communicator (`oxcclInvalidUsage`, saying so).
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use oxccl_core::algo::Plan;
-use oxccl_core::reduce::cuda::{self, cudarc::driver::sys};
+use oxccl_core::reduce::cuda::{self, Staging, cudarc::driver::sys};
 
 use crate::abi::*;
 use crate::boundary::{Failure, Outcome};
 use crate::collectives::Buffers;
-use crate::dispatch::{Job, in_group, issue};
+use crate::dispatch::{Job, hold, in_group, issue};
 use crate::entry::Entry;
 
 fn cuda_failure(what: &str, e: impl std::fmt::Display) -> Failure {
@@ -105,37 +109,196 @@ fn device_memory(ptr: *const c_void, name: &str) -> Result<(), Failure> {
     })
 }
 
-/// The context a device buffer belongs to, current on this thread until dropped.
-struct Pushed;
+/// The context `ptr` was allocated in: NULL for memory of no context (from a pool,
+/// `cuMemAllocAsync`, or the virtual memory calls).
+fn context_of(ptr: *const c_void) -> Result<sys::CUcontext, Failure> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: as in `is_device`; a context attribute is written as a CUcontext.
+    check("cuPointerGetAttribute(CONTEXT)", unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ctx as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            ptr as sys::CUdeviceptr,
+        )
+    })?;
+    Ok(ctx)
+}
+
+/// The context a call's device work runs in, current on this thread until dropped (then the
+/// thread's own is current again).
+struct Pushed {
+    /// The device whose primary context was retained for the call, released on drop.
+    primary: Option<sys::CUdevice>,
+}
 
 impl Pushed {
-    fn context_of(ptr: *const c_void) -> Result<Pushed, Failure> {
+    /// For a stream the caller gave, that stream's context. For CUDA's default stream (NULL),
+    /// the thread's current context, else the context `ptr` was allocated in, else (memory from
+    /// a pool, `cuMemAllocAsync`, or the virtual memory calls belongs to no context) the primary
+    /// context of the device it is on.
+    fn for_call(ptr: *const c_void, stream: sys::CUstream) -> Result<Pushed, Failure> {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: as in `device_memory`; a context attribute is a CUcontext.
-        check("cuPointerGetAttribute(CONTEXT)", unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ctx as *mut sys::CUcontext).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-                ptr as sys::CUdeviceptr,
-            )
-        })?;
+        if !stream.is_null() {
+            // SAFETY: a stream handle of the caller's (the buffer contract); `ctx` is writable.
+            check("cuStreamGetCtx", unsafe {
+                sys::cuStreamGetCtx(stream, &mut ctx)
+            })?;
+        }
+        if ctx.is_null() {
+            // SAFETY: `ctx` is writable; NULL when the thread has no context.
+            check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+        }
+        if ctx.is_null() {
+            ctx = context_of(ptr)?;
+        }
+        let mut primary = None;
+        if ctx.is_null() {
+            let mut ordinal: std::ffi::c_int = -1;
+            // SAFETY: as above; the device ordinal is written as an int.
+            check("cuPointerGetAttribute(DEVICE_ORDINAL)", unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut ordinal as *mut std::ffi::c_int).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    ptr as sys::CUdeviceptr,
+                )
+            })?;
+            let mut dev: sys::CUdevice = 0;
+            // SAFETY: writable out-parameters; the driver checks the ordinal.
+            check("cuDeviceGet", unsafe {
+                sys::cuDeviceGet(&mut dev, ordinal)
+            })?;
+            // SAFETY: as above; released in `drop` (or below, when the push fails).
+            check("cuDevicePrimaryCtxRetain", unsafe {
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+            })?;
+            primary = Some(dev);
+        }
+        let pushed = Pushed { primary };
         // SAFETY: a context the driver just named; popped in `drop`.
-        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
-        Ok(Pushed)
+        if let Err(f) = check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) }) {
+            if let Some(dev) = pushed.primary {
+                // SAFETY: retained above, and nothing was pushed.
+                let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+            }
+            std::mem::forget(pushed);
+            return Err(f);
+        }
+        Ok(pushed)
     }
 }
 
 impl Drop for Pushed {
     fn drop(&mut self) {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: pops what `context_of` pushed on this thread.
+        // SAFETY: pops what `for_call` pushed on this thread.
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut ctx) };
+        if let Some(dev) = self.primary {
+            // SAFETY: retained by `for_call`, released once.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+        }
     }
 }
 
-/// Copies `len` bytes of device memory at `src` into a new host buffer, on `stream` after its
-/// earlier work; returns once they are on the host, or fails with `oxcclTimeout` when the stream
-/// has not got there within the communicator's timeout (`rank` names it).
+/// Device allocations of [`mem_alloc`] that [`mem_free`] has not freed yet: their addresses.
+static DEVICE_ALLOCATED: std::sync::Mutex<std::collections::BTreeSet<usize>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// `ncclMemAlloc`'s memory where the program has loaded CUDA: `size` bytes of device memory
+/// (`cuMemAlloc`) on the calling thread's current context, as NCCL's is on the current device;
+/// where the thread has none, on device 0's primary context (retained for good, as CUDA's
+/// runtime would). `None` where the program has not loaded CUDA, or there is no device (host
+/// memory then).
+pub(crate) fn mem_alloc(size: usize) -> Option<Result<*mut c_void, Failure>> {
+    if !cuda_in_process() || !cuda::device_count().is_ok_and(|n| n > 0) {
+        return None;
+    }
+    Some((|| {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is writable.
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+        let _pushed = if ctx.is_null() {
+            let mut dev: sys::CUdevice = 0;
+            // SAFETY: writable out-parameters; ordinal 0 exists (`cuda_in_process` counted
+            // the devices).
+            check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, 0) })?;
+            // SAFETY: as above; never released (the allocation's context must outlive it).
+            check("cuDevicePrimaryCtxRetain", unsafe {
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+            })?;
+            // SAFETY: a context the driver just named; popped when `Pushed` drops.
+            check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+            Some(Pushed { primary: None })
+        } else {
+            None
+        };
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: a context is current; `p` is writable.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, size) }).map_err(|mut f| {
+            if f.message.contains("OUT_OF_MEMORY") {
+                f.code = oxcclSystemError;
+            }
+            f.message = format!("{size} bytes of device memory: {}", f.message);
+            f
+        })?;
+        DEVICE_ALLOCATED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(p as usize);
+        Ok(p as usize as *mut c_void)
+    })())
+}
+
+/// Frees `ptr` when [`mem_alloc`] gave it (`cuMemFree`, in its context); `None` when it did not.
+pub(crate) fn mem_free(ptr: *mut c_void) -> Option<Outcome> {
+    let mine = DEVICE_ALLOCATED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&(ptr as usize));
+    if !mine {
+        return None;
+    }
+    Some((|| {
+        // `cuMemAlloc`'s memory has a context.
+        let ctx = context_of(ptr)?;
+        // SAFETY: the context the driver just named; popped when `_ctx` drops.
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        let _ctx = Pushed { primary: None };
+        // SAFETY: allocated by `mem_alloc` and removed from its table, so freed once; the
+        // caller guarantees nothing uses it any more.
+        check("cuMemFree", unsafe {
+            sys::cuMemFree_v2(ptr as sys::CUdeviceptr)
+        })
+    })())
+}
+
+/// Waits for `stream` for at most `timeout`: `oxcclTimeout` (naming `rank` and `what`) when
+/// it ran out.
+///
+/// # Safety
+///
+/// `stream` is a stream of the current context (NULL: the default stream).
+unsafe fn wait(
+    stream: sys::CUstream,
+    (rank, timeout): (usize, std::time::Duration),
+    what: &str,
+) -> Outcome {
+    // SAFETY: the function's contract; the driver is loaded (a copy ran on the stream).
+    let done = unsafe { cuda::wait_stream(stream, timeout) }.map_err(Failure::from)?;
+    if done {
+        return Ok(());
+    }
+    Err(Failure {
+        code: oxcclTimeout,
+        message: format!(
+            "rank {rank}: {what} waited {timeout:?} for the CUDA stream (OXCCL_TIMEOUT)"
+        ),
+    })
+}
+
+/// Copies `len` bytes of device memory at `src` into a staging buffer (page-locked where the
+/// driver gives it), on `stream` after its earlier work; returns once they are on the host, or
+/// fails with `oxcclTimeout` when the stream has not got there within the communicator's
+/// timeout (`rank` names it).
 ///
 /// # Safety
 ///
@@ -145,47 +308,52 @@ unsafe fn download(
     src: *const c_void,
     len: usize,
     stream: sys::CUstream,
-    (rank, timeout): (usize, std::time::Duration),
-) -> Result<Vec<u8>, Failure> {
-    let mut host = vec![0u8; len];
-    if len > 0 {
-        // SAFETY: the function's contract; `host` holds `len` bytes.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                host.as_mut_ptr().cast(),
-                src as sys::CUdeviceptr,
-                len,
-                stream,
-            )
-        })?;
-        // SAFETY: a stream of the current context; the driver is loaded.
-        let done = unsafe { cuda::wait_stream(stream, timeout) }.map_err(Failure::from)?;
-        if !done {
-            return Err(Failure {
-                code: oxcclTimeout,
-                message: format!(
-                    "rank {rank}: the copy from the device waited {timeout:?} for the CUDA \
-                     stream's earlier work (OXCCL_TIMEOUT)"
-                ),
-            });
+    deadline: (usize, std::time::Duration),
+) -> Result<Staging, Failure> {
+    // SAFETY: the driver is loaded (the caller checked the buffer with it); the buffer is
+    // waited for below, or abandoned.
+    let mut host = unsafe { Staging::new(len) };
+    if len == 0 {
+        return Ok(host);
+    }
+    // SAFETY: the function's contract; `host` holds `len` bytes.
+    let copied = check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(
+            host.as_mut_ptr().cast(),
+            src as sys::CUdeviceptr,
+            len,
+            stream,
+        )
+    })
+    // SAFETY: as above.
+    .and_then(|()| unsafe { wait(stream, deadline, "the copy from the device") });
+    match copied {
+        Ok(()) => Ok(host),
+        Err(f) => {
+            host.abandon();
+            Err(f)
         }
     }
-    Ok(host)
 }
 
-/// Enqueues the copy of `host` to device memory at `dst` on `stream`. From pageable memory the
-/// driver returns once it has taken the bytes, so `host` may go afterwards.
+/// Copies `host` to device memory at `dst` on `stream` and waits for the copy (at most the
+/// communicator's timeout), so that the staging buffer may be reused.
 ///
 /// # Safety
 ///
 /// `dst` is device memory of at least `host.len()` bytes, `stream` a stream of the current
 /// context.
-unsafe fn upload(host: &[u8], dst: *mut c_void, stream: sys::CUstream) -> Outcome {
+unsafe fn upload(
+    host: Staging,
+    dst: *mut c_void,
+    stream: sys::CUstream,
+    deadline: (usize, std::time::Duration),
+) -> Outcome {
     if host.is_empty() {
         return Ok(());
     }
     // SAFETY: the function's contract.
-    check("cuMemcpyHtoDAsync", unsafe {
+    let copied = check("cuMemcpyHtoDAsync", unsafe {
         sys::cuMemcpyHtoDAsync_v2(
             dst as sys::CUdeviceptr,
             host.as_ptr().cast(),
@@ -193,6 +361,12 @@ unsafe fn upload(host: &[u8], dst: *mut c_void, stream: sys::CUstream) -> Outcom
             stream,
         )
     })
+    // SAFETY: as above.
+    .and_then(|()| unsafe { wait(stream, deadline, "the copy of the result to the device") });
+    if copied.is_err() {
+        host.abandon();
+    }
+    copied
 }
 
 /// Runs `plan` (its operator already applied; `premul` a pre-multiplied sum's scalar) on device
@@ -204,20 +378,7 @@ pub(crate) fn collective(
     buffers: Buffers,
     stream: oxcclStream_t,
 ) -> Outcome {
-    if in_group() || !entry.blocking {
-        return Err(Failure {
-            code: oxcclInvalidUsage,
-            message: "device buffers (a CUDA stream) inside a group or on a non-blocking \
-                      communicator are not supported yet"
-                .into(),
-        });
-    }
-    cuda::device_count().map_err(|e| cuda_failure("a CUDA stream was given", e))?;
-    let stream = stream as sys::CUstream;
-    let (rank, timeout) = {
-        let c = entry.comm()?;
-        (c.rank(), c.timeout())
-    };
+    let (stream, deadline) = device_call(entry, stream)?;
     match buffers {
         Buffers::Shared(buf) => {
             let (p, len) = buf.write()?;
@@ -225,15 +386,19 @@ pub(crate) fn collective(
                 return issue(entry, host_job(plan.in_place(true), &mut [], None, premul));
             }
             device_memory(p.cast(), buf.name)?;
-            let _ctx = Pushed::context_of(p.cast())?;
+            let _ctx = Pushed::for_call(p.cast(), stream)?;
             // SAFETY: `p` is device memory (checked) of `len` bytes (the caller's contract).
-            let mut host = unsafe { download(p.cast(), len, stream, (rank, timeout)) }?;
+            let mut host = unsafe { download(p.cast(), len, stream, deadline) }?;
             issue(
                 entry,
                 host_job(plan.in_place(true), &mut host, None, premul),
             )?;
+            if in_group() {
+                hold(Held::back(host, p.cast(), stream, deadline));
+                return Ok(());
+            }
             // SAFETY: as above.
-            unsafe { upload(&host, p.cast(), stream) }
+            unsafe { upload(host, p.cast(), stream, deadline) }
         }
         Buffers::Apart { send, recv } => {
             send.disjoint(&recv)?;
@@ -248,15 +413,152 @@ pub(crate) fn collective(
                 device_memory(rp.cast_const().cast(), recv.name)?;
                 first = first.or(Some(rp.cast_const().cast()));
             }
-            let _ctx = first.map(Pushed::context_of).transpose()?;
+            let _ctx = first.map(|p| Pushed::for_call(p, stream)).transpose()?;
             // SAFETY: device memory (checked) of `slen` bytes (the caller's contract).
-            let input = unsafe { download(sp.cast(), slen, stream, (rank, timeout)) }?;
-            let mut output = vec![0u8; rlen];
+            let input = unsafe { download(sp.cast(), slen, stream, deadline) }?;
+            // SAFETY: the driver is loaded (the buffers were checked with it); the buffer is
+            // waited for by `upload`, or abandoned.
+            let mut output = unsafe { Staging::new(rlen) };
             issue(entry, host_job(plan, &mut output, Some(&input), premul))?;
+            if in_group() {
+                hold(Held {
+                    host: input,
+                    back: None,
+                });
+                hold(Held::back(output, rp.cast(), stream, deadline));
+                return Ok(());
+            }
+            drop(input);
             // SAFETY: device memory (checked) of `rlen` bytes (the caller's contract).
-            unsafe { upload(&output, rp.cast(), stream) }
+            unsafe { upload(output, rp.cast(), stream, deadline) }
         }
     }
+}
+
+/// The checks every call on device memory makes: a blocking communicator and a loaded driver.
+/// Gives the stream as the driver's type and the deadline of the call's waits (the rank that
+/// names a timeout, and the communicator's timeout).
+fn device_call(
+    entry: &Arc<Entry>,
+    stream: oxcclStream_t,
+) -> Result<(sys::CUstream, (usize, std::time::Duration)), Failure> {
+    if !entry.blocking {
+        return Err(Failure {
+            code: oxcclInvalidUsage,
+            message: "device buffers (a CUDA stream) on a non-blocking communicator are not \
+                      supported yet"
+                .into(),
+        });
+    }
+    cuda::device_count().map_err(|e| cuda_failure("a CUDA stream was given", e))?;
+    let c = entry.comm()?;
+    Ok((stream as sys::CUstream, (c.rank(), c.timeout())))
+}
+
+/// Whether a send or receive of `len` bytes at `ptr` on `stream` is on device memory: a CUDA
+/// stream was given, or CUDA's default stream (NULL) with device memory in a program that uses
+/// CUDA (as for collectives).
+pub(crate) fn on_device(
+    entry: &Entry,
+    ptr: *const c_void,
+    len: usize,
+    stream: oxcclStream_t,
+) -> bool {
+    !stream.is_null() || (entry.cuda && len > 0 && !ptr.is_null() && is_device(ptr))
+}
+
+/// A send (`send`) or receive of `len` bytes of device memory at `ptr` with `peer`, ordered on
+/// `stream`, staged through host memory as collectives are: a send copies its bytes to the host
+/// first (after the stream's earlier work), a receive copies what came back to the device and
+/// waits for that copy. Inside a group the host copies are kept until `oxcclGroupEnd`, which
+/// runs the group and then copies the received bytes to the device.
+///
+/// # Safety
+///
+/// `ptr` is device memory of `len` bytes (its kind is checked), `stream` a stream of the
+/// caller's (NULL: the default stream).
+pub(crate) unsafe fn message(
+    entry: &Arc<Entry>,
+    peer: usize,
+    send: bool,
+    (ptr, len, name): (*mut c_void, usize, &str),
+    stream: oxcclStream_t,
+) -> Outcome {
+    let (stream, deadline) = device_call(entry, stream)?;
+    let _ctx = if len > 0 {
+        device_memory(ptr.cast_const(), name)?;
+        Some(Pushed::for_call(ptr.cast_const(), stream)?)
+    } else {
+        None
+    };
+    let mut host = if send {
+        // SAFETY: device memory (checked) of `len` bytes (the caller's contract).
+        unsafe { download(ptr.cast_const(), len, stream, deadline) }?
+    } else {
+        // SAFETY: the driver is loaded (`device_call`); the buffer is waited for by `upload`,
+        // or abandoned.
+        unsafe { Staging::new(len) }
+    };
+    let job = Job::Message(oxccl_core::RawMessage {
+        peer,
+        send,
+        ptr: host.as_mut_ptr(),
+        len,
+    });
+    issue(entry, job)?;
+    match (send, in_group()) {
+        (true, true) => hold(Held { host, back: None }),
+        (false, true) => hold(Held::back(host, ptr, stream, deadline)),
+        (true, false) => {}
+        // SAFETY: device memory (checked) of `len` bytes (the caller's contract).
+        (false, false) => return unsafe { upload(host, ptr, stream, deadline) },
+    }
+    Ok(())
+}
+
+/// A host copy of device memory that an open group's kept operation uses, and where the result
+/// goes back once the group has run (`None`: an input).
+pub(crate) struct Held {
+    host: Staging,
+    back: Option<(*mut c_void, sys::CUstream, (usize, std::time::Duration))>,
+}
+
+impl Held {
+    fn back(
+        host: Staging,
+        dst: *mut c_void,
+        stream: sys::CUstream,
+        deadline: (usize, std::time::Duration),
+    ) -> Held {
+        Held {
+            host,
+            back: Some((dst, stream, deadline)),
+        }
+    }
+}
+
+/// Copies a group's held results to the device, each on its stream in its buffer's context,
+/// waiting for each; the first failure is returned after all were tried.
+pub(crate) fn put_back(held: Vec<Held>) -> Outcome {
+    let mut first = Ok(());
+    for Held { host, back } in held {
+        // An input, or an empty result (a non-root's receive buffer, maybe NULL): nothing to
+        // copy, and no context to look for.
+        let Some((dst, stream, deadline)) = back.filter(|_| !host.is_empty()) else {
+            continue;
+        };
+        let r = Pushed::for_call(dst.cast_const(), stream).and_then(|ctx| {
+            // SAFETY: `dst` was checked to be device memory of `host.len()` bytes when the
+            // call was made, and the caller keeps it until the group ends (NCCL's contract).
+            let r = unsafe { upload(host, dst, stream, deadline) };
+            drop(ctx);
+            r
+        });
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
 }
 
 /// The host job over the staging buffers: `input` None means in place in `output`.

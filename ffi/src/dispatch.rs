@@ -56,6 +56,8 @@ struct Group {
     creations: Vec<Creation>,
     /// The first failure of a call inside the group.
     error: Option<Failure>,
+    /// Host copies of device memory that kept jobs use (see `device`).
+    held: Vec<crate::device::Held>,
 }
 
 /// Groups nested deeper than this are a caller's bug (a missing `oxcclGroupEnd` in a loop).
@@ -83,6 +85,11 @@ pub(crate) fn note_failure(f: &Failure) {
             g.error.get_or_insert_with(|| f.clone());
         }
     });
+}
+
+/// Keeps `held` for this thread's open group until its outermost `oxcclGroupEnd`.
+pub(crate) fn hold(held: crate::device::Held) {
+    GROUP.with(|g| g.borrow_mut().held.push(held));
 }
 
 /// Keeps `item` for this thread's group if one is open; gives it back otherwise.
@@ -317,6 +324,7 @@ pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
             jobs,
             creations,
             error,
+            held,
         } = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
         if let Some(e) = error {
             return Err(Failure {
@@ -329,7 +337,14 @@ pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
         }
         let created = create_all(creations);
         let ran = launch(jobs);
-        created.and(ran)
+        // The jobs of blocking communicators are done (only they take device memory): their
+        // results go to the device, unless the group failed.
+        let back = if ran.as_ref().err().is_none_or(|f| f.code == oxcclInProgress) {
+            crate::device::put_back(held)
+        } else {
+            Ok(())
+        };
+        created.and(back).and(ran)
     })
 }
 

@@ -29,27 +29,73 @@ static ALLOCATED: Mutex<BTreeMap<usize, Layout>> = Mutex::new(BTreeMap::new());
 pub unsafe extern "C" fn oxcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> oxcclResult_t {
     guard("oxcclMemAlloc", || {
         non_null(ptr, "ptr")?;
+        let p = host_alloc(size)?;
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { ptr.write(p) };
+        Ok(())
+    })
+}
+
+/// `size` page-aligned bytes of host memory, recorded for `oxcclMemFree`.
+fn host_alloc(size: usize) -> Result<*mut c_void, Failure> {
+    if size == 0 {
+        return Err(Failure::invalid("size: 0 bytes"));
+    }
+    let layout = Layout::from_size_align(size, ALIGN)
+        .map_err(|_| Failure::invalid(format!("size: {size} bytes cannot be allocated")))?;
+    // SAFETY: the layout's size is not zero.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        return Err(Failure {
+            code: oxcclSystemError,
+            message: format!("out of memory allocating {size} bytes"),
+        });
+    }
+    ALLOCATED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(p as usize, layout);
+    Ok(p.cast())
+}
+
+/// The drop-in libnccl's `ncclMemAlloc`: as NCCL's, device memory where the program uses CUDA
+/// (it has loaded libcuda): on the calling thread's current context, or device 0's primary
+/// context where it has none. In a program without CUDA, host memory as `oxcclMemAlloc`'s.
+/// Free it with [`nccl_mem_free`].
+///
+/// # Safety
+///
+/// As `oxcclMemAlloc`.
+#[doc(hidden)]
+pub unsafe fn nccl_mem_alloc(ptr: *mut *mut c_void, size: usize) -> oxcclResult_t {
+    guard("ncclMemAlloc", || {
+        non_null(ptr, "ptr")?;
         if size == 0 {
             return Err(Failure::invalid("size: 0 bytes"));
         }
-        let layout = Layout::from_size_align(size, ALIGN)
-            .map_err(|_| Failure::invalid(format!("size: {size} bytes cannot be allocated")))?;
-        // SAFETY: the layout's size is not zero.
-        let p = unsafe { std::alloc::alloc(layout) };
-        if p.is_null() {
-            return Err(Failure {
-                code: oxcclSystemError,
-                message: format!("out of memory allocating {size} bytes"),
-            });
-        }
-        ALLOCATED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(p as usize, layout);
+        let p = match crate::device::mem_alloc(size) {
+            Some(device) => device?,
+            None => host_alloc(size)?,
+        };
         // SAFETY: not NULL, and the caller guarantees it is writable.
-        unsafe { ptr.write(p.cast()) };
+        unsafe { ptr.write(p) };
         Ok(())
     })
+}
+
+/// The drop-in libnccl's `ncclMemFree`: frees memory of [`nccl_mem_alloc`], on the device or
+/// the host; NULL is ignored, any other pointer is an error.
+///
+/// # Safety
+///
+/// As `oxcclMemFree`.
+#[doc(hidden)]
+pub unsafe fn nccl_mem_free(ptr: *mut c_void) -> oxcclResult_t {
+    if let Some(outcome) = crate::device::mem_free(ptr) {
+        return guard("ncclMemFree", || outcome);
+    }
+    // SAFETY: the caller's contract, oxcclMemFree's.
+    unsafe { oxcclMemFree(ptr) }
 }
 
 /// Frees memory from `oxcclMemAlloc`; NULL is ignored, any other pointer is an error.

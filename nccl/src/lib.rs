@@ -67,11 +67,11 @@ forward! {
         -> *const c_char = differences::error_string;
     /// nccl.h's `ncclGetLastError`.
     fn ncclGetLastError / pncclGetLastError(comm: oxcclComm_t) -> *const c_char = oxcclGetLastError;
-    /// nccl.h's `ncclMemAlloc`.
+    /// nccl.h's `ncclMemAlloc`: device memory where the program uses CUDA, as NCCL's.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize)
-        -> oxcclResult_t = oxcclMemAlloc;
+        -> oxcclResult_t = nccl_mem_alloc;
     /// nccl.h's `ncclMemFree`.
-    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> oxcclResult_t = oxcclMemFree;
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> oxcclResult_t = nccl_mem_free;
     /// nccl.h's `ncclCommRegister`.
     fn ncclCommRegister / pncclCommRegister(comm: oxcclComm_t, buff: *mut c_void, size: usize,
         handle: *mut *mut c_void) -> oxcclResult_t = oxcclCommRegister;

@@ -1,5 +1,6 @@
 //! include/nccl.h: compiles as C99 and C++17 with every warning an error, alone and with CUDA's
-//! runtime headers before or after it (tests/c/fake-cuda stands in for them), and agrees with
+//! runtime headers before or after it (tests/c/fake-cuda stands in for them; then it brings in
+//! CUDA's half and bfloat16 types as NVIDIA's nccl.h does), and agrees with
 //! oxccl.h on every value, size and offset the two share (tests/c/values.c).
 
 #[path = "../../ffi/tests/util/mod.rs"]
@@ -22,6 +23,13 @@ fn source(order: &str) -> String {
         "later" => ("", "#include \"fake-cuda/cuda_runtime.h\"\n"),
         _ => ("", ""),
     };
+    // Where nccl.h sees CUDA's runtime headers, it brings in CUDA's 16-bit float types as
+    // NVIDIA's does (nccl-tests uses them without including their headers).
+    let halves = if matches!(order, "before" | "after") {
+        "__half h; __nv_bfloat16 b; (void)h; (void)b;\n"
+    } else {
+        ""
+    };
     format!(
         "{before}#include \"nccl.h\"\n{after}\
          int main(void) {{\n\
@@ -31,6 +39,7 @@ fn source(order: &str) -> String {
            cudaStream_t stream = NULL;\n\
            int version = 0;\n\
            (void)config; (void)id; (void)comm; (void)stream;\n\
+           {halves}\
            return ncclGetVersion(&version) == ncclSuccess ? (int)ncclSum : (int)ncclNumOps;\n\
          }}\n"
     )

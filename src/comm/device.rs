@@ -6,7 +6,8 @@
 //! collective, every transport and every placement of ranks, and the shape of the path between
 //! hosts without GPUDirect (NCCL stages through host memory there too); reductions of device
 //! data inside a host are still to move onto the device (`kernels/reduce.cu`), and the call is
-//! not yet asynchronous: it returns once the result's copy is enqueued.
+//! not yet asynchronous: it returns once the result is on the device. The host copies are
+//! page-locked buffers from a pool ([`Staging`]), reused from call to call.
 //!
 //! Each method mirrors the host one of the same name without `_device` (same checks, same
 //! errors, lengths in bytes of `dtype` elements), takes device buffers as cudarc's
@@ -18,13 +19,12 @@ use std::sync::Arc;
 
 use crate::algo::Collective;
 use crate::error::{Error, Result};
-use crate::reduce::cuda::{self, CudaStream, DevicePtr, DevicePtrMut};
+use crate::reduce::cuda::{self, CudaStream, DevicePtr, DevicePtrMut, Staging};
 use crate::types::{DataType, Rank, ReduceOp};
 
 use super::Communicator;
 
-/// Enqueues the copy of `host` into device memory on `stream`. From pageable memory the driver
-/// returns once it has taken the bytes, so `host` may go when this returns.
+/// Enqueues the copy of `host` into device memory on `stream`.
 fn upload<D: DevicePtrMut<u8>>(
     stream: &Arc<CudaStream>,
     host: &[u8],
@@ -53,7 +53,37 @@ impl Communicator {
         ))
     }
 
-    /// Copies device memory into a new host buffer, on `stream` after its earlier work; returns
+    /// A staging buffer of `len` bytes (page-locked where the driver gives it).
+    fn staging(&self, c: Collective, stream: &Arc<CudaStream>, len: usize) -> Result<Staging> {
+        if len > 0 {
+            // Page-locked memory is allocated in the current context.
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(|e| self.device_error(c, format!("binding the stream's context: {e}")))?;
+        }
+        // SAFETY: the driver is loaded (the stream exists); every copy into or out of the buffer
+        // is waited for before it is dropped (`download`, `upload_and_wait`), or it is abandoned.
+        Ok(unsafe { Staging::new(len) })
+    }
+
+    /// Waits, for at most the communicator's timeout, until `stream` has run all it holds.
+    fn wait(&self, c: Collective, stream: &Arc<CudaStream>, what: &str) -> Result<bool> {
+        // SAFETY: the caller made the stream's context current on this thread (a copy on it
+        // ran), so the driver is loaded; the stream lives as long as `stream`.
+        let done = unsafe { cuda::wait_stream(stream.cu_stream(), self.timeout()) }?;
+        if done {
+            return Ok(true);
+        }
+        Err(Error::Timeout {
+            rank: self.rank(),
+            op: format!("{c} on device memory ({what})"),
+            peer: None,
+            after: self.timeout(),
+        })
+    }
+
+    /// Copies device memory into a staging buffer, on `stream` after its earlier work; returns
     /// once the bytes are on the host, or fails when the stream has not got there within the
     /// communicator's timeout.
     fn download<S: DevicePtr<u8>>(
@@ -61,28 +91,49 @@ impl Communicator {
         c: Collective,
         stream: &Arc<CudaStream>,
         src: &S,
-    ) -> Result<Vec<u8>> {
-        let mut host = vec![0u8; src.len()];
+    ) -> Result<Staging> {
+        let mut host = self.staging(c, stream, src.len())?;
         if host.is_empty() {
             return Ok(host);
         }
-        stream.memcpy_dtoh(src, &mut host).map_err(|e| {
-            self.device_error(
-                c,
-                format!("copying {} bytes from the device: {e}", host.len()),
-            )
-        })?;
-        // SAFETY: `memcpy_dtoh` made the stream's context current on this thread and loaded
-        // the driver; the stream lives as long as `stream`.
-        if !unsafe { cuda::wait_stream(stream.cu_stream(), self.timeout()) }? {
-            return Err(Error::Timeout {
-                rank: self.rank(),
-                op: format!("{c} on device memory (the CUDA stream's earlier work)"),
-                peer: None,
-                after: self.timeout(),
-            });
+        if let Err(e) = stream.memcpy_dtoh(src, &mut *host) {
+            // The copy may have been enqueued before the error: keep the buffer out of reuse.
+            let len = host.len();
+            host.abandon();
+            return Err(self.device_error(c, format!("copying {len} bytes from the device: {e}")));
         }
-        Ok(host)
+        match self.wait(c, stream, "the CUDA stream's earlier work") {
+            Ok(_) => Ok(host),
+            Err(e) => {
+                host.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies `host` into `dst` on `stream` and waits for the copy, so that the staging buffer
+    /// may go back to the pool (the stream's later work sees the result either way).
+    fn upload_and_wait<D: DevicePtrMut<u8>>(
+        &self,
+        c: Collective,
+        stream: &Arc<CudaStream>,
+        host: Staging,
+        dst: &mut D,
+    ) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = upload(stream, &host, dst) {
+            host.abandon();
+            return Err(self.device_error(c, e));
+        }
+        match self.wait(c, stream, "the copy of the result to the device") {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                host.abandon();
+                Err(e)
+            }
+        }
     }
 
     /// Out of place: stages `send` (None: this rank's input does not matter), runs `host` on
@@ -102,14 +153,15 @@ impl Communicator {
     {
         let input = match send {
             Some(s) => self.download(c, stream, s)?,
-            None => Vec::new(),
+            None => self.staging(c, stream, 0)?,
         };
-        let mut output = vec![0u8; recv.as_ref().map_or(0, |r| r.len())];
+        let mut output = self.staging(c, stream, recv.as_ref().map_or(0, |r| r.len()))?;
         host(self, &input, &mut output)?;
-        if let Some(r) = recv {
-            upload(stream, &output, r).map_err(|e| self.device_error(c, e))?;
+        drop(input);
+        match recv {
+            Some(r) => self.upload_and_wait(c, stream, output, r),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// In place: stages `buf`, runs `host` on the host copy, and copies it back.
@@ -122,7 +174,7 @@ impl Communicator {
     ) -> Result<()> {
         let mut b = self.download(c, stream, buf)?;
         host(self, &mut b)?;
-        upload(stream, &b, buf).map_err(|e| self.device_error(c, e))
+        self.upload_and_wait(c, stream, b, buf)
     }
 
     /// [`Communicator::all_reduce_bytes`] on device memory, ordered on `stream`.

@@ -36,6 +36,7 @@
 //! [`CudaReducer::divide`] applies its one division at the end, as on the CPU.
 
 mod nvrtc;
+mod staging;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -52,6 +53,7 @@ pub use nvrtc::{
     Kernel, SOURCE, Target, compile_all_ptx, compile_cubin, compile_ptx, nvrtc_version,
     supported_archs,
 };
+pub use staging::{POOL_LIMIT, Staging};
 
 use crate::error::{Error, Result};
 use crate::types::{DataType, Element, ReduceOp};
@@ -108,9 +110,10 @@ pub fn device_count() -> Result<usize> {
 }
 
 /// Waits until `stream` has run everything enqueued on it, for at most `timeout`: polls
-/// `cuStreamQuery`, yielding then sleeping (up to 1 ms) between looks, where
-/// `cuStreamSynchronize` would wait without a deadline (a kernel that never ends on the
-/// caller's stream). `Ok(false)` when the time ran out.
+/// `cuStreamQuery`, yielding between looks for the first [`SPIN`] (a small copy is done within
+/// microseconds, and a sleep costs tens of them), then sleeping (from 20 µs, doubling up to
+/// 1 ms) between looks, where `cuStreamSynchronize` would wait without a deadline (a kernel
+/// that never ends on the caller's stream). `Ok(false)` when the time ran out.
 ///
 /// # Safety
 ///
@@ -121,8 +124,9 @@ pub unsafe fn wait_stream(
     timeout: std::time::Duration,
 ) -> Result<bool> {
     use cudarc::driver::sys::{CUresult, cuStreamQuery};
+    use std::time::Duration;
     let start = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_micros(1);
+    let mut pause = Duration::from_micros(20);
     loop {
         // SAFETY: the function's contract.
         match unsafe { cuStreamQuery(stream) } {
@@ -130,17 +134,21 @@ pub unsafe fn wait_stream(
             CUresult::CUDA_ERROR_NOT_READY => {}
             e => return Err(driver_error("cuStreamQuery", DriverError(e))),
         }
-        if start.elapsed() >= timeout {
+        let waited = start.elapsed();
+        if waited >= timeout {
             return Ok(false);
         }
-        if pause < std::time::Duration::from_micros(20) {
+        if waited < SPIN {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(pause);
+            std::thread::sleep(pause.min(timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
-        pause = (pause * 2).min(std::time::Duration::from_millis(1));
     }
 }
+
+/// How long [`wait_stream`] looks without sleeping.
+pub const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 fn driver_error(what: &str, e: DriverError) -> Error {
     Error::Unavailable(format!("CUDA: {what} failed: {e}"))

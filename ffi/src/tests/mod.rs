@@ -372,27 +372,21 @@ fn a_stream_with_host_memory_is_refused_naming_why() {
             words,
         );
         fails(oxcclAlltoAll(p, p, 4, oxcclInt32, c, stream), code, words);
-        // Point-to-point calls and the barrier take host memory only, for now.
+        // Sends and receives take device memory the same way; the barrier takes no stream.
+        fails(oxcclSend(p, 4, oxcclInt32, 0, c, stream), code, words);
+        fails(oxcclRecv(p, 4, oxcclInt32, 0, c, stream), code, words);
         let host_only = "CUDA streams are not supported yet: pass NULL for host memory";
-        fails(
-            oxcclSend(p, 4, oxcclInt32, 0, c, stream),
-            oxcclInvalidUsage,
-            host_only,
-        );
-        fails(
-            oxcclRecv(p, 4, oxcclInt32, 0, c, stream),
-            oxcclInvalidUsage,
-            host_only,
-        );
         fails(oxcclBarrier(c, stream), oxcclInvalidUsage, host_only);
-        // Device buffers inside a group are not supported yet, whatever the memory.
+        // Inside a group the same checks hold when the call is made, and the group's end then
+        // reports that a call inside it failed.
         assert_eq!(oxcclGroupStart(), oxcclSuccess);
         fails(
             oxcclAllReduce(p, p, 4, oxcclInt32, oxcclSum, c, stream),
-            oxcclInvalidUsage,
-            "inside a group",
+            code,
+            words,
         );
-        let _ = oxcclGroupEnd();
+        fails(oxcclSend(p, 4, oxcclInt32, 0, c, stream), code, words);
+        fails(oxcclGroupEnd(), code, "a call inside the group failed");
     }
     destroy(comms);
 }
@@ -653,22 +647,31 @@ fn abort_fails_the_peers_call_with_a_remote_error() {
 
 mod extended;
 
+/// Whether there is a CUDA device; without one, prints "skipped: ..." (a failure with
+/// `OXCCL_REQUIRE_CUDA`).
+fn device_or_skip() -> bool {
+    let Err(e) = oxccl_core::reduce::cuda::device_count().and_then(|n| {
+        (n > 0)
+            .then_some(())
+            .ok_or(oxccl_core::Error::Unavailable("no CUDA device".into()))
+    }) else {
+        return true;
+    };
+    assert!(
+        std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
+        "OXCCL_REQUIRE_CUDA is set, but {e}"
+    );
+    println!("skipped: {e}");
+    false
+}
+
 /// With a GPU: collectives on device memory through the stream argument, 3 ranks on threads on
 /// device 0, against the values computed here; a rooted collective leaves the device memory it
 /// ignores untouched. Without one: "skipped: ..." (a failure with `OXCCL_REQUIRE_CUDA`).
 #[test]
 fn collectives_on_device_memory_through_the_stream_argument() {
     use oxccl_core::reduce::cuda::cudarc::driver::{CudaContext, DevicePtr};
-    if let Err(e) = oxccl_core::reduce::cuda::device_count().and_then(|n| {
-        (n > 0)
-            .then_some(())
-            .ok_or(oxccl_core::Error::Unavailable("no CUDA device".into()))
-    }) {
-        assert!(
-            std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
-            "OXCCL_REQUIRE_CUDA is set, but {e}"
-        );
-        println!("skipped: {e}");
+    if !device_or_skip() {
         return;
     }
     const N: usize = 999;
@@ -784,6 +787,244 @@ fn collectives_on_device_memory_through_the_stream_argument() {
                 "rank {r}: reduce touched a non-root"
             );
         }
+    });
+    destroy(comms);
+}
+
+/// The drop-in's `ncclMemAlloc` (NCCL 2.19+ programs such as nccl-tests take their buffers
+/// from it): device memory once the program has loaded CUDA, usable as a collective's device
+/// buffer, on a thread with a current context and on one without; host memory in a program
+/// without CUDA. Either kind is freed once, and a second free is an error.
+#[test]
+fn nccl_mem_alloc_gives_device_memory_where_cuda_is_loaded() {
+    use oxccl_core::reduce::cuda::cudarc::driver::{CudaContext, sys};
+    let device = oxccl_core::reduce::cuda::device_count().is_ok_and(|n| n > 0);
+    if !device {
+        assert!(
+            std::env::var_os("OXCCL_REQUIRE_CUDA").is_none(),
+            "OXCCL_REQUIRE_CUDA is set, but there is no CUDA device"
+        );
+        // No CUDA in this process: host memory, as oxcclMemAlloc's.
+        let mut p: *mut c_void = null_mut();
+        // SAFETY: `p` is writable.
+        ok(unsafe { nccl_mem_alloc(&mut p, 4096) });
+        // SAFETY: 4096 bytes of host memory just allocated.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, 4096) };
+        // SAFETY: allocated above, freed once.
+        ok(unsafe { nccl_mem_free(p) });
+        // SAFETY: as above; the second free is refused before anything is touched.
+        fails(
+            unsafe { nccl_mem_free(p) },
+            oxcclInvalidArgument,
+            "freed already",
+        );
+        println!("skipped (device half): no CUDA device");
+        return;
+    }
+    const N: usize = 1000;
+    let comms = init_all(2);
+    on_each(&comms, |r, c| {
+        let ctx = CudaContext::new(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        ctx.bind_to_thread().unwrap();
+        let (mut send, mut recv): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+        // SAFETY: writable out-parameters.
+        unsafe {
+            ok(nccl_mem_alloc(&mut send, N * 4));
+            ok(nccl_mem_alloc(&mut recv, N * 4));
+        }
+        let mut kind: u32 = 0;
+        // SAFETY: a writable unsigned int; any address may be asked about.
+        let got = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut kind as *mut u32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                send as sys::CUdeviceptr,
+            )
+        };
+        assert_eq!(got, sys::CUresult::CUDA_SUCCESS, "rank {r}");
+        assert_eq!(
+            kind,
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+            "rank {r}: ncclMemAlloc gave no device memory"
+        );
+        let mine: Vec<f32> = (0..N).map(|i| (i * (r + 1)) as f32).collect();
+        // SAFETY: `send` holds N floats of device memory; `mine` N floats on the host.
+        let copied =
+            unsafe { sys::cuMemcpyHtoD_v2(send as sys::CUdeviceptr, mine.as_ptr().cast(), N * 4) };
+        assert_eq!(copied, sys::CUresult::CUDA_SUCCESS, "rank {r}");
+        // SAFETY: device buffers of N floats, alive until the stream is synchronised below.
+        ok(unsafe {
+            oxcclAllReduce(
+                send,
+                recv,
+                N,
+                oxcclFloat32,
+                oxcclSum,
+                c,
+                s.cu_stream().cast(),
+            )
+        });
+        s.synchronize().unwrap();
+        let mut got = vec![0f32; N];
+        // SAFETY: as above, into N floats on the host.
+        let copied = unsafe {
+            sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), recv as sys::CUdeviceptr, N * 4)
+        };
+        assert_eq!(copied, sys::CUresult::CUDA_SUCCESS, "rank {r}");
+        assert!(
+            (0..N).all(|i| got[i] == (i * 3) as f32),
+            "rank {r}: all-reduce of ncclMemAlloc buffers"
+        );
+        // SAFETY: allocated above, no longer used (the stream was synchronised); freed once.
+        unsafe {
+            ok(nccl_mem_free(send));
+            ok(nccl_mem_free(recv));
+        }
+        // SAFETY: the second free is refused before anything is touched.
+        fails(
+            unsafe { nccl_mem_free(send) },
+            oxcclInvalidArgument,
+            "freed already",
+        );
+    });
+    destroy(comms);
+    // A thread with no current context gets device 0's primary context.
+    std::thread::spawn(|| {
+        let mut p: *mut c_void = null_mut();
+        // SAFETY: `p` is writable.
+        ok(unsafe { nccl_mem_alloc(&mut p, 64) });
+        let mut ordinal: c_int = -1;
+        // SAFETY: a writable int; any address may be asked about.
+        let got = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut c_int).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p as sys::CUdeviceptr,
+            )
+        };
+        assert_eq!((got, ordinal), (sys::CUresult::CUDA_SUCCESS, 0));
+        // SAFETY: allocated above, freed once.
+        ok(unsafe { nccl_mem_free(p) });
+    })
+    .join()
+    .unwrap();
+}
+
+/// With a GPU: sends and receives on device memory through the stream argument, alone (a pair
+/// of ranks) and inside a group (an all-to-all of every rank with every rank, as nccl-tests'
+/// alltoall_perf makes it, and an all-reduce in the same group); every received block against
+/// the values computed here. Without one: "skipped: ..." (a failure with `OXCCL_REQUIRE_CUDA`).
+#[test]
+fn sends_and_receives_on_device_memory_alone_and_in_groups() {
+    use oxccl_core::reduce::cuda::cudarc::driver::{CudaContext, DevicePtr};
+    if !device_or_skip() {
+        return;
+    }
+    const N: usize = 257;
+    let n = 3;
+    let comms = init_all(n);
+    on_each(&comms, |r, c| {
+        let ctx = CudaContext::new(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        let stream: oxcclStream_t = s.cu_stream().cast();
+        let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let ints = |b: Vec<u8>| -> Vec<i32> {
+            b.chunks(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        // Block q of rank r's input: what r sends to q.
+        let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i) as i32;
+        let mine: Vec<i32> = (0..n * N).map(|k| value(r, k / N, k % N)).collect();
+        let send = s.clone_htod(&bytes(&mine)).unwrap();
+
+        // Alone: ranks 0 and 1 exchange block 0 (0 sends first, 1 receives first).
+        if r < 2 {
+            let got = s.alloc_zeros::<u8>(N * 4).unwrap();
+            {
+                let (sp, _a) = send.device_ptr(&s);
+                let (gp, _b) = got.device_ptr(&s);
+                let (sp, gp) = (sp as usize as *const c_void, gp as usize as *mut c_void);
+                let other = (1 - r) as c_int;
+                // SAFETY: device buffers of N ints, alive until the stream is synchronised
+                // below; the stream is this thread's.
+                unsafe {
+                    if r == 0 {
+                        ok(oxcclSend(sp, N, oxcclInt32, other, c, stream));
+                        ok(oxcclRecv(gp, N, oxcclInt32, other, c, stream));
+                    } else {
+                        ok(oxcclRecv(gp, N, oxcclInt32, other, c, stream));
+                        ok(oxcclSend(sp, N, oxcclInt32, other, c, stream));
+                    }
+                }
+            }
+            let got = ints(s.clone_dtoh(&got).unwrap());
+            let from = 1 - r;
+            assert!(
+                (0..N).all(|i| got[i] == value(from, 0, i)),
+                "rank {r}: a send and receive alone"
+            );
+        }
+
+        // In a group: every rank sends block q to rank q and receives q's block r into block q,
+        // and all-reduces its input beside.
+        let recv = s.alloc_zeros::<u8>(n * N * 4).unwrap();
+        let sum = s.alloc_zeros::<u8>(n * N * 4).unwrap();
+        {
+            let (sp, _a) = send.device_ptr(&s);
+            let (rp, _b) = recv.device_ptr(&s);
+            let (up, _c) = sum.device_ptr(&s);
+            let (sp, rp, up) = (sp as usize, rp as usize, up as usize);
+            ok(oxcclGroupStart());
+            for q in 0..n {
+                // SAFETY: blocks of N ints inside the buffers above, alive until the stream is
+                // synchronised below.
+                unsafe {
+                    ok(oxcclSend(
+                        (sp + q * N * 4) as *const c_void,
+                        N,
+                        oxcclInt32,
+                        q as c_int,
+                        c,
+                        stream,
+                    ));
+                    ok(oxcclRecv(
+                        (rp + q * N * 4) as *mut c_void,
+                        N,
+                        oxcclInt32,
+                        q as c_int,
+                        c,
+                        stream,
+                    ));
+                }
+            }
+            // SAFETY: as above, n × N ints each.
+            ok(unsafe {
+                oxcclAllReduce(
+                    sp as *const c_void,
+                    up as *mut c_void,
+                    n * N,
+                    oxcclInt32,
+                    oxcclSum,
+                    c,
+                    stream,
+                )
+            });
+            ok(oxcclGroupEnd());
+        }
+        let got = ints(s.clone_dtoh(&recv).unwrap());
+        for q in 0..n {
+            assert!(
+                (0..N).all(|i| got[q * N + i] == value(q, r, i)),
+                "rank {r}: block {q} of the grouped all-to-all"
+            );
+        }
+        let got = ints(s.clone_dtoh(&sum).unwrap());
+        assert!(
+            (0..n * N).all(|k| got[k] == (0..n).map(|f| value(f, k / N, k % N)).sum::<i32>()),
+            "rank {r}: the all-reduce in the group"
+        );
     });
     destroy(comms);
 }

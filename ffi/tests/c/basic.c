@@ -180,9 +180,9 @@ static void errors(oxcclComm_t comm, int n) {
         "root");
   FAILS(oxcclSend(a, 8, oxcclFloat32, n, comm, NULL), oxcclInvalidArgument, "peer");
   FAILS(oxcclRecv(a, 8, oxcclFloat32, -1, comm, NULL), oxcclInvalidArgument, "peer");
-  /* Point-to-point calls take host memory only (collectives with a stream take device memory:
-   * ffi/src/tests). */
-  FAILS(oxcclSend(a, 8, oxcclFloat32, 0, comm, (void *)&x), oxcclInvalidUsage, "stream");
+  /* The barrier takes no stream (collectives, sends and receives with a stream take device
+   * memory: ffi/src/tests, on a GPU). */
+  FAILS(oxcclBarrier(comm, (void *)&x), oxcclInvalidUsage, "stream");
   FAILS(oxcclGroupEnd(), oxcclInvalidUsage, "oxcclGroupStart");
   FAILS(oxcclMemFree(&x), oxcclInvalidArgument, "oxcclMemAlloc");
   FAILS(oxcclRedOpDestroy(oxcclNumOps, comm), oxcclInvalidArgument, "op");

@@ -249,3 +249,17 @@ pub extern "C" fn oxcclCommWindowDeregister(
         deregister(comm, win as usize, "win")
     })
 }
+
+/// The drop-in libnccl's answer to a function of NCCL after 2.27 that it exports but does not
+/// implement (`name`): `oxcclInvalidUsage`, and a last error saying so. Programs built against a
+/// newer NCCL (PyTorch's libtorch_cuda) reference these, so the library must define them to be
+/// loaded in NVIDIA's place at all.
+#[doc(hidden)]
+pub fn nccl_unsupported(name: &str) -> oxcclResult_t {
+    guard(name, || {
+        Err(Failure::usage(
+            "a function of NCCL after 2.27 that oxccl's libnccl.so.2 (NCCL 2.27.5's API) does \
+             not implement",
+        ))
+    })
+}

@@ -141,3 +141,37 @@ forward! {
 
 #[cfg(test)]
 mod tests;
+
+/// Functions of NCCL after 2.27 (2.28 to 2.30: device communicators, windows' device pointers,
+/// signals, suspend/resume, grow/revoke, memory statistics, group simulation) that programs
+/// built against a newer NCCL reference, PyTorch's libtorch_cuda among them: a library without
+/// them cannot be loaded in NVIDIA's place. Each returns `ncclInvalidUsage`, with
+/// `ncclGetLastError` naming the function; it reads none of its arguments, so it is sound under
+/// the C calling convention whatever arguments the caller passes (the caller pops them).
+macro_rules! unsupported {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "` (NCCL after 2.27): not implemented.")]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name() -> oxcclResult_t {
+            nccl_unsupported(stringify!($name))
+        }
+    )*};
+}
+
+unsupported! {
+    ncclCommGetUniqueId,
+    ncclCommGrow,
+    ncclCommMemStats,
+    ncclCommResume,
+    ncclCommRevoke,
+    ncclCommSuspend,
+    ncclDevCommCreate,
+    ncclDevCommDestroy,
+    ncclGetLsaMultimemDevicePointer,
+    ncclGetPeerDevicePointer,
+    ncclGroupSimulateEnd,
+    ncclPutSignal,
+    ncclSignal,
+    ncclWaitSignal,
+    ncclWinGetUserPtr,
+}

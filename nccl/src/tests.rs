@@ -104,3 +104,24 @@ fn both_names_reach_oxccl() {
     // SAFETY: any handle may be passed.
     assert!(text(unsafe { pncclGetLastError(null_mut()) }).contains("not a live communicator"));
 }
+
+#[test]
+fn functions_after_nccl_2_27_say_they_are_not_implemented() {
+    for (f, name) in [
+        (
+            ncclDevCommDestroy as extern "C" fn() -> oxcclResult_t,
+            "ncclDevCommDestroy",
+        ),
+        (ncclCommGetUniqueId, "ncclCommGetUniqueId"),
+        (ncclGroupSimulateEnd, "ncclGroupSimulateEnd"),
+        (ncclWinGetUserPtr, "ncclWinGetUserPtr"),
+    ] {
+        assert_eq!(f(), oxcclInvalidUsage, "{name}");
+        // SAFETY: any handle may be passed.
+        let last = text(unsafe { ncclGetLastError(null_mut()) });
+        assert!(
+            last.starts_with(name) && last.contains("not implement"),
+            "{name}: {last}"
+        );
+    }
+}

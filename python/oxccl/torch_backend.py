@@ -951,7 +951,9 @@ def _create(opts, backend_options):
     communicator through the group's store."""
     if backend_options is None:
         backend_options = _C10dBackend.Options(NAME, timeout=opts.timeout)
-    parent = opts.split_from
+    # torch 2.11 has no split_from (seen on a GPU machine, 2026-11-27): then every group is a
+    # new communicator through its store.
+    parent = getattr(opts, "split_from", None)
     if parent is not None and isinstance(parent, OxcclBackend):
         return parent.split(opts.store, opts.global_ranks_in_group, backend_options)
     return OxcclBackend(

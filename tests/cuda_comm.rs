@@ -390,3 +390,31 @@ fn staging_buffers_are_page_locked_and_reused() {
     assert_ne!(c.as_ptr(), at);
     assert!(c.is_locked());
 }
+
+/// A pooled staging buffer outlives the context it was registered in: the memory is the
+/// library's own, so after the program drops its context (here perhaps the last reference to
+/// device 0's primary context, which then goes with everything allocated in it) the buffer is
+/// still there with its bytes, and still stages copies.
+#[test]
+fn staging_buffers_outlive_their_context() {
+    if context_or_skip().is_none() {
+        return;
+    }
+    const LEN: usize = (5 << 20) + 3; // capacity 8 MiB, used by no other test here
+    {
+        let ctx = CudaContext::new(0).unwrap();
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: the driver is loaded; no device copy touches the buffer.
+        let mut a = unsafe { cuda::Staging::new(LEN) };
+        a.fill(1);
+    }
+    let ctx = CudaContext::new(0).unwrap();
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: as above; the copies below are synchronous.
+    let mut b = unsafe { cuda::Staging::new(LEN) };
+    assert!(b.iter().all(|&x| x == 1), "the pooled buffer lost its bytes");
+    b.fill(2);
+    let s = ctx.new_stream().unwrap();
+    let on_device = s.clone_htod(&b[..]).unwrap();
+    assert_eq!(s.clone_dtoh(&on_device).unwrap(), &b[..]);
+}

@@ -8,9 +8,15 @@
 //!
 //! Buffers are kept in a process-wide pool and reused, their capacities rounded up to a power
 //! of two. The pool keeps at most [`POOL_LIMIT`] bytes; a buffer given back beyond that is
-//! freed. Where page-locked memory cannot be had (the driver refuses, or no context is current),
-//! a heap buffer stands in: slower, with the same results.
+//! freed. The memory is this library's own (page-aligned heap memory), page-locked with
+//! `cuMemHostRegister`, not memory the driver allocates (`cuMemHostAlloc`): that belongs to a
+//! context and is freed with it, so a program that drops or resets its last context
+//! (`cudaDeviceReset`, the last cudarc `CudaContext`) would leave the pool holding freed memory.
+//! A registration that goes with its context leaves ordinary host memory, which the driver then
+//! copies the slower pageable way; where registering fails (no context current, say) the buffer
+//! is used unregistered the same way.
 
+use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::{Mutex, PoisonError};
 
@@ -22,21 +28,21 @@ pub const POOL_LIMIT: usize = 2 << 30;
 /// The smallest capacity handed out, so that small calls share buffers.
 const MIN_CAPACITY: usize = 64 << 10;
 
-/// Page-locked buffers not in use: (address, capacity).
-static POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// Buffers not in use: (address, capacity, registered).
+static POOL: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
 
-/// A host buffer of `len` bytes for staging device data, page-locked where the driver gives
-/// such memory. Its bytes are initialised (zeros when new, else what its last user left).
+/// Alignment of the buffers: a page (what registration pins).
+const ALIGN: usize = 4096;
+
+/// A host buffer of `len` bytes for staging device data, page-locked where the driver allows.
+/// Its bytes are initialised (zeros when new, else what its last user left).
 #[derive(Debug)]
 pub struct Staging {
-    mem: Mem,
+    /// `capacity` bytes from the global allocator with [`ALIGN`] (dangling when 0).
+    ptr: NonNull<u8>,
+    capacity: usize,
+    registered: bool,
     len: usize,
-}
-
-#[derive(Debug)]
-enum Mem {
-    Locked { ptr: NonNull<u8>, capacity: usize },
-    Heap(Vec<u8>),
 }
 
 // SAFETY: the buffer is owned memory like a Vec's; nothing else refers to it while it is
@@ -44,8 +50,9 @@ enum Mem {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    /// A buffer of `len` bytes, from the pool where one is large enough, else newly allocated
-    /// (`cuMemHostAlloc`, portable to every context), else from the heap.
+    /// A buffer of `len` bytes, from the pool where one of its capacity is free, else newly
+    /// allocated and registered with the driver (`cuMemHostRegister`, portable to every
+    /// context).
     ///
     /// # Safety
     ///
@@ -53,57 +60,82 @@ impl Staging {
     /// into the buffer must have finished before it is dropped (or [`Staging::abandon`] is
     /// called instead): it goes back to the pool, and another caller writes it.
     pub unsafe fn new(len: usize) -> Staging {
-        if len == 0 {
-            return Staging {
-                mem: Mem::Heap(Vec::new()),
-                len,
-            };
-        }
-        let Some(capacity) = len.checked_next_power_of_two().map(|c| c.max(MIN_CAPACITY)) else {
-            return Staging::heap(len);
+        let Some(capacity) = (len > 0)
+            .then(|| len.checked_next_power_of_two())
+            .flatten()
+            .map(|c| c.max(MIN_CAPACITY))
+        else {
+            // Empty, or too large to round (an allocation of that size fails anyway).
+            return Staging::plain(len);
         };
         let reused = {
             let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
             pool.iter()
-                .position(|&(_, c)| c == capacity)
+                .position(|&(_, c, _)| c == capacity)
                 .map(|i| pool.swap_remove(i))
         };
-        if let Some((addr, capacity)) = reused
+        if let Some((addr, capacity, registered)) = reused
             && let Some(ptr) = NonNull::new(addr as *mut u8)
         {
             return Staging {
-                mem: Mem::Locked { ptr, capacity },
+                ptr,
+                capacity,
+                registered,
                 len,
             };
         }
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: `p` is writable; the driver is loaded (the caller's contract). Without a
-        // current context the driver fails, and the heap stands in.
-        let r = unsafe { sys::cuMemHostAlloc(&mut p, capacity, sys::CU_MEMHOSTALLOC_PORTABLE) };
-        match NonNull::new(p.cast::<u8>()) {
-            Some(ptr) if r == sys::CUresult::CUDA_SUCCESS => {
-                // SAFETY: `capacity` bytes the driver just allocated, not yet shared; zeroed so
-                // that every byte a slice shows is initialised.
-                unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, capacity) };
-                Staging {
-                    mem: Mem::Locked { ptr, capacity },
-                    len,
-                }
-            }
-            _ => Staging::heap(len),
-        }
-    }
-
-    fn heap(len: usize) -> Staging {
+        let Ok(layout) = Layout::from_size_align(capacity, ALIGN) else {
+            return Staging::plain(len);
+        };
+        // SAFETY: the layout's size is not zero.
+        let Some(ptr) = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        // SAFETY: `capacity` bytes of this buffer's own; the driver is loaded (the caller's
+        // contract). Without a current context the driver refuses, and the buffer stays
+        // pageable.
+        let registered = unsafe {
+            sys::cuMemHostRegister_v2(
+                ptr.as_ptr().cast(),
+                capacity,
+                sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        } == sys::CUresult::CUDA_SUCCESS;
         Staging {
-            mem: Mem::Heap(vec![0; len]),
+            ptr,
+            capacity,
+            registered,
             len,
         }
     }
 
-    /// Whether the buffer is page-locked (else it is on the heap).
+    /// An unpooled buffer of `len` bytes: empty, or for a length no capacity can hold.
+    fn plain(len: usize) -> Staging {
+        if len == 0 {
+            return Staging {
+                ptr: NonNull::dangling(),
+                capacity: 0,
+                registered: false,
+                len,
+            };
+        }
+        let layout = Layout::from_size_align(len, ALIGN)
+            .unwrap_or_else(|_| panic!("a staging buffer of {len} bytes cannot be laid out"));
+        // SAFETY: the layout's size is not zero.
+        let Some(ptr) = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        Staging {
+            ptr,
+            capacity: len,
+            registered: false,
+            len,
+        }
+    }
+
+    /// Whether the buffer was page-locked (registered with the driver) when it was allocated.
     pub fn is_locked(&self) -> bool {
-        matches!(self.mem, Mem::Locked { .. })
+        self.registered
     }
 
     /// Gives the buffer up without reusing or freeing it: for a buffer a device copy may still
@@ -117,42 +149,45 @@ impl std::ops::Deref for Staging {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match &self.mem {
-            // SAFETY: `len` ≤ `capacity` initialised bytes, owned by this buffer.
-            Mem::Locked { ptr, .. } => unsafe {
-                std::slice::from_raw_parts(ptr.as_ptr(), self.len)
-            },
-            Mem::Heap(v) => v,
-        }
+        // SAFETY: `len` ≤ `capacity` initialised bytes owned by this buffer (dangling and empty
+        // when 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl std::ops::DerefMut for Staging {
     fn deref_mut(&mut self) -> &mut [u8] {
-        match &mut self.mem {
-            // SAFETY: as in `deref`, borrowed mutably through `self`.
-            Mem::Locked { ptr, .. } => unsafe {
-                std::slice::from_raw_parts_mut(ptr.as_ptr(), self.len)
-            },
-            Mem::Heap(v) => v,
-        }
+        // SAFETY: as in `deref`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let Mem::Locked { ptr, capacity } = self.mem else {
-            return;
-        };
-        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept: usize = pool.iter().map(|&(_, c)| c).sum();
-        if kept + capacity <= POOL_LIMIT {
-            pool.push((ptr.as_ptr() as usize, capacity));
+        if self.capacity == 0 {
             return;
         }
-        drop(pool);
-        // SAFETY: allocated by cuMemHostAlloc, not in the pool, and no copy uses it any more
-        // (the contract of `new`). A failure leaves it allocated.
-        let _ = unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast()) };
+        let pooled = self.capacity >= MIN_CAPACITY && self.capacity.is_power_of_two();
+        if pooled {
+            let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+            let kept: usize = pool.iter().map(|&(_, c, _)| c).sum();
+            if kept + self.capacity <= POOL_LIMIT {
+                pool.push((self.ptr.as_ptr() as usize, self.capacity, self.registered));
+                return;
+            }
+        }
+        if self.registered {
+            // SAFETY: registered by `new`; no copy uses it any more (the contract of `new`). A
+            // registration gone with its context makes this fail, which changes nothing.
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr.as_ptr().cast()) };
+        }
+        // SAFETY: allocated by `new` or `plain` with this layout (capacity, ALIGN), not in the
+        // pool, freed once.
+        unsafe {
+            std::alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.capacity, ALIGN),
+            )
+        };
     }
 }

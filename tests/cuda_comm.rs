@@ -412,7 +412,10 @@ fn staging_buffers_outlive_their_context() {
     ctx.bind_to_thread().unwrap();
     // SAFETY: as above; the copies below are synchronous.
     let mut b = unsafe { cuda::Staging::new(LEN) };
-    assert!(b.iter().all(|&x| x == 1), "the pooled buffer lost its bytes");
+    assert!(
+        b.iter().all(|&x| x == 1),
+        "the pooled buffer lost its bytes"
+    );
     b.fill(2);
     let s = ctx.new_stream().unwrap();
     let on_device = s.clone_htod(&b[..]).unwrap();

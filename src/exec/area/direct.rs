@@ -32,6 +32,26 @@ const COPY_PART: usize = 1 << 20;
 /// its copies in pieces; a lender copies everything in before anyone copies out).
 const LEND_MAX: usize = 1 << 20;
 const _: () = assert!(LEND_MAX <= AREA_BYTES);
+/// A page, as the kernel's copies see addresses.
+const PAGE: usize = 4096;
+
+/// `len` bytes of `buf` (at least `len + PAGE - 1` long) starting at the same offset within a
+/// page as address `like`.
+///
+/// The kernel's copies for `process_vm_readv`/`process_vm_writev` (`rep movsb`, by the look of
+/// it: user space's has the same slow case, see `oxccl_transport::shared`) ran, on AMD EPYC
+/// (2026-11-27), 4.5–6× slower where the destination lies 4–16 bytes past the source
+/// modulo 4 KiB: 128 KiB took 53–76 µs, against 12–16 at distance 0 or from 32 bytes
+/// (`tools/perf/pvm_distance.c`).
+/// A scratch buffer from `malloc` lies 16 bytes past a page, so a peer's page-aligned input read
+/// into it hit that case, as does a sum written from there into a peer's output 4–16 bytes
+/// further on: 2 ranks, forced direct, page-aligned buffers (`allreduce-perf`'s), 3 interleaved
+/// runs, before / after: 1 MiB all-reduce 479–651 / 214–271 µs, 16 MiB 10.5–13.3 / 6.9–7.5 ms.
+/// Placed at the peer's own offset within a page, the copy's distance is 0.
+fn same_page_offset(buf: &mut [u8], like: usize, len: usize) -> &mut [u8] {
+    let o = like.wrapping_sub(buf.as_ptr() as usize) % PAGE;
+    &mut buf[o..o + len]
+}
 
 /// A rank's own block of a direct copy: (offset in its source, offset in its output).
 type Share = (usize, usize);
@@ -247,21 +267,28 @@ impl AreaPath {
         let part = PART_BYTES / size * size;
         let stream = !b.in_place && plan.count * size >= STREAM_MIN;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        scratch.resize(2 * PART_BYTES / 8, 0);
-        let (tmp, acc) =
-            bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES);
+        scratch.resize(2 * (PART_BYTES + PAGE) / 8, 0);
+        let (tmp_all, acc_all) =
+            bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES + PAGE);
         let mut at = lo;
         while at < hi {
             // Before touching any peer: has anyone given up, aborted, timed out, failed?
             w.check_running(turn)?;
             let len = part.min(hi - at);
-            let (tmp, acc) = (&mut tmp[..len], &mut acc[..len]);
+            // The sum lies where the first output it goes to lies within its page (see
+            // `same_page_offset`).
+            let target = match to.first() {
+                Some(&q) => peer_addrs[q].1 + at,
+                None => (b.dst as usize).wrapping_add(at.wrapping_sub(shift)),
+            };
+            let acc = same_page_offset(acc_all, target, len);
             // SAFETY: our input holds our slice (`Blocks::of` checked its length).
             let mine = unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
             if n == 1 {
                 acc.copy_from_slice(mine);
             }
             for (k, q) in (1..n).map(|k| (k, (me + k) % n)) {
+                let tmp = same_page_offset(tmp_all, peer_addrs[q].0 + at, len);
                 // SAFETY: `tmp` is ours; the kernel checks the peer's range, which the peer
                 // keeps valid and unchanged until every rank finishes this turn or stops
                 // touching it (`stop_touching`), and no rank gave up when we last looked.

@@ -194,6 +194,14 @@ pub struct Cli {
     /// binding and NIC) and exit without measuring
     #[arg(long)]
     pub topo: bool,
+
+    /// Start every host buffer this many bytes past a page boundary (a multiple of 8 below
+    /// 4096) [default: 0]. `malloc` puts large blocks 16 bytes past one (Rust `Vec`s, numpy
+    /// arrays, C programs' buffers); where a buffer lies against the library's own
+    /// page-aligned ones changes how fast copies between them run.
+    #[arg(long = "buffer-offset", value_name = "BYTES", default_value_t = 0,
+          value_parser = parse_buffer_offset)]
+    pub buffer_offset: usize,
 }
 
 /// Where buffers live.
@@ -321,6 +329,8 @@ pub struct Settings {
     pub register: bool,
     /// `--topo`.
     pub topo: bool,
+    /// `--buffer-offset`, bytes past a page boundary.
+    pub buffer_offset: usize,
 }
 
 impl Cli {
@@ -360,6 +370,13 @@ impl Cli {
             return Err(
                 "--register registers host buffers with the links; with --device cuda the calls \
                  stage device buffers through memory of the library's own"
+                    .into(),
+            );
+        }
+        if self.buffer_offset != 0 && self.device == Device::Cuda {
+            return Err(
+                "--buffer-offset places host buffers; with --device cuda the buffers are \
+                 device allocations"
                     .into(),
             );
         }
@@ -413,6 +430,7 @@ impl Cli {
             calibrate: self.calibrate,
             register: self.register,
             topo: self.topo,
+            buffer_offset: self.buffer_offset,
         })
     }
 }
@@ -525,6 +543,22 @@ pub fn parse_op_list(s: &str) -> Result<Vec<OpItem>, String> {
     })
 }
 
+/// `--buffer-offset`: bytes past a page boundary, a multiple of 8 (every type's alignment)
+/// below 4096.
+pub fn parse_buffer_offset(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("--buffer-offset {s:?}: not a number of bytes"))?;
+    if n >= 4096 || !n.is_multiple_of(8) {
+        return Err(format!(
+            "--buffer-offset {n}: must be a multiple of 8 (the widest type's alignment) below \
+             4096 (a page)"
+        ));
+    }
+    Ok(n)
+}
+
 /// Parses a `-d` value: a comma list of nccl-tests type names, or `all`.
 pub fn parse_dtype_list(s: &str) -> Result<Vec<DataType>, String> {
     let words = list(s, |w| Ok(w.to_owned()))?;
@@ -613,6 +647,27 @@ mod tests {
             assert!(parse_timeout(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_timeout("2.5"), Ok(Duration::from_millis(2500)));
+    }
+
+    #[test]
+    fn buffer_offsets_keep_every_type_aligned_within_a_page() {
+        assert_eq!(settings(&[]).unwrap().buffer_offset, 0);
+        assert_eq!(
+            settings(&["--buffer-offset", "16"]).unwrap().buffer_offset,
+            16
+        );
+        assert_eq!(
+            settings(&["--buffer-offset", "4088"])
+                .unwrap()
+                .buffer_offset,
+            4088
+        );
+        for bad in ["4", "4096", "sixteen", ""] {
+            let e = settings(&["--buffer-offset", bad]).unwrap_err();
+            assert!(e.contains("--buffer-offset"), "{bad:?}: {e}");
+        }
+        let e = settings(&["--buffer-offset", "16", "--device", "cuda"]).unwrap_err();
+        assert!(e.contains("device"), "{e}");
     }
 
     #[test]

@@ -129,14 +129,16 @@ impl Buf {
         unsafe { comm.register(b.as_ptr(), b.len()) }.map_err(|e| e.to_string())
     }
 
-    fn new(len: usize) -> Result<Buf, String> {
+    /// `len` bytes starting `offset` bytes (a multiple of 8) past a page boundary.
+    fn new(len: usize, offset: usize) -> Result<Buf, String> {
+        debug_assert!(offset.is_multiple_of(8) && offset < BUF_ALIGN);
         let mut words = Vec::new();
-        let n = len.div_ceil(8) + BUF_ALIGN / 8;
+        let n = len.div_ceil(8) + (BUF_ALIGN + offset) / 8;
         words
             .try_reserve_exact(n)
             .map_err(|_| format!("cannot allocate a buffer of {len} bytes"))?;
         words.resize(n, 0);
-        let at = words.as_ptr().align_offset(BUF_ALIGN);
+        let at = words.as_ptr().align_offset(BUF_ALIGN) + offset / 8;
         Ok(Buf { words, at, len })
     }
 
@@ -292,10 +294,13 @@ impl<'a> Bench<'a> {
         let esize = row.dtype.size();
         let host = match placement {
             Placement::OutOfPlace => Bufs::Separate {
-                send: Buf::new(shape.input * esize)?,
-                recv: Buf::new(shape.output * esize)?,
+                send: Buf::new(shape.input * esize, s.buffer_offset)?,
+                recv: Buf::new(shape.output * esize, s.buffer_offset)?,
             },
-            Placement::InPlace => Bufs::Shared(Buf::new(shape.input.max(shape.output) * esize)?),
+            Placement::InPlace => Bufs::Shared(Buf::new(
+                shape.input.max(shape.output) * esize,
+                s.buffer_offset,
+            )?),
         };
         let device = self.device_copy(&host)?;
         let mut bufs = Buffers { host, device };
@@ -720,13 +725,16 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_for_every_type() {
-        for len in [1, 13, 4096, 100_000] {
-            let mut b = Buf::new(len).unwrap();
-            assert_eq!(b.bytes().len(), len);
-            assert_eq!(b.bytes().as_ptr() as usize % BUF_ALIGN, 0, "{len} bytes");
-            b.bytes_mut().fill(0xa5);
-            assert!(b.bytes().iter().all(|&x| x == 0xa5));
+        for offset in [0, 16, 64, 4088] {
+            for len in [1, 13, 4096, 100_000] {
+                let mut b = Buf::new(len, offset).unwrap();
+                assert_eq!(b.bytes().len(), len);
+                let at = b.bytes().as_ptr() as usize;
+                assert_eq!(at % BUF_ALIGN, offset, "{len} bytes at offset {offset}");
+                b.bytes_mut().fill(0xa5);
+                assert!(b.bytes().iter().all(|&x| x == 0xa5));
+            }
+            assert!(Buf::new(0, offset).unwrap().bytes().is_empty());
         }
-        assert!(Buf::new(0).unwrap().bytes().is_empty());
     }
 }

@@ -18,6 +18,17 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
+    /// The same failure, its message starting with the rank that met it (unless it does).
+    pub(crate) fn naming_rank(self, rank: usize) -> Failure {
+        if self.message.starts_with("rank ") {
+            return self;
+        }
+        Failure {
+            message: format!("rank {rank}: {}", self.message),
+            ..self
+        }
+    }
+
     /// The outcome of a call that started work and returns before it is done.
     pub(crate) fn in_progress() -> Failure {
         Failure {

@@ -378,6 +378,18 @@ pub(crate) fn collective(
     buffers: Buffers,
     stream: oxcclStream_t,
 ) -> Outcome {
+    let rank = entry.comm()?.rank();
+    on_device_collective(entry, plan, premul, buffers, stream).map_err(|f| f.naming_rank(rank))
+}
+
+/// [`collective`], its failures not yet naming the rank.
+fn on_device_collective(
+    entry: &Arc<Entry>,
+    plan: Plan,
+    premul: Option<[u8; 8]>,
+    buffers: Buffers,
+    stream: oxcclStream_t,
+) -> Outcome {
     let (stream, deadline) = device_call(entry, stream)?;
     match buffers {
         Buffers::Shared(buf) => {
@@ -481,6 +493,23 @@ pub(crate) unsafe fn message(
     entry: &Arc<Entry>,
     peer: usize,
     send: bool,
+    buffer: (*mut c_void, usize, &str),
+    stream: oxcclStream_t,
+) -> Outcome {
+    let rank = entry.comm()?.rank();
+    // SAFETY: forwarded from the caller.
+    unsafe { on_device_message(entry, peer, send, buffer, stream) }.map_err(|f| f.naming_rank(rank))
+}
+
+/// [`message`], its failures not yet naming the rank.
+///
+/// # Safety
+///
+/// As for [`message`].
+unsafe fn on_device_message(
+    entry: &Arc<Entry>,
+    peer: usize,
+    send: bool,
     (ptr, len, name): (*mut c_void, usize, &str),
     stream: oxcclStream_t,
 ) -> Outcome {
@@ -547,13 +576,15 @@ pub(crate) fn put_back(held: Vec<Held>) -> Outcome {
         let Some((dst, stream, deadline)) = back.filter(|_| !host.is_empty()) else {
             continue;
         };
-        let r = Pushed::for_call(dst.cast_const(), stream).and_then(|ctx| {
-            // SAFETY: `dst` was checked to be device memory of `host.len()` bytes when the
-            // call was made, and the caller keeps it until the group ends (NCCL's contract).
-            let r = unsafe { upload(host, dst, stream, deadline) };
-            drop(ctx);
-            r
-        });
+        let r = Pushed::for_call(dst.cast_const(), stream)
+            .and_then(|ctx| {
+                // SAFETY: `dst` was checked to be device memory of `host.len()` bytes when the
+                // call was made, and the caller keeps it until the group ends (NCCL's contract).
+                let r = unsafe { upload(host, dst, stream, deadline) };
+                drop(ctx);
+                r
+            })
+            .map_err(|f| f.naming_rank(deadline.0));
         if first.is_ok() {
             first = r;
         }

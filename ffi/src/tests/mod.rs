@@ -335,17 +335,22 @@ fn bad_collective_arguments_are_invalid_arguments() {
 
 #[test]
 fn a_stream_with_host_memory_is_refused_naming_why() {
-    let comms = init_all(1);
-    let c = comms[0].0;
+    // Rank 1 of 2: every call below fails before it talks to rank 0.
+    let comms = init_all(2);
+    let c = comms[1].0;
     let mut a = [0i32; 4];
     let p = void_mut(&mut a);
     let mut fake_stream = 0u8;
     let stream: oxcclStream_t = (&raw mut fake_stream).cast();
     // With a CUDA driver the buffer is found to be host memory; without one, the stream cannot
     // be used at all. Either way before the stream is touched.
+    // Without one the message names the rank first (with one, see `device_memory`).
     let (code, words) = match oxccl_core::reduce::cuda::device_count() {
         Ok(_) => (oxcclInvalidArgument, "is not CUDA device memory"),
-        Err(_) => (oxcclUnhandledCudaError, "a CUDA stream was given"),
+        Err(_) => (
+            oxcclUnhandledCudaError,
+            "rank 1: CUDA: a CUDA stream was given",
+        ),
     };
     // SAFETY: the buffer holds 4 ints; the stream is the error under test and is never used.
     unsafe {

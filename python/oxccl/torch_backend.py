@@ -55,6 +55,23 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 from . import _lib
 from ._lib import lib
 
+
+def _python_may_subclass_backend():
+    """Whether this torch lets Python subclass its c10d ``Backend`` (torch 2.15 does; torch
+    2.11's has no constructor for Python, seen 2026-11-27)."""
+
+    class _Probe(_C10dBackend):
+        pass
+
+    try:
+        _Probe(0, 1)
+        return True
+    except TypeError:
+        return False
+
+
+_SUBCLASSABLE = _python_may_subclass_backend()
+
 NAME = "oxccl"
 _UID_KEY = "oxccl/unique_id"
 
@@ -280,7 +297,10 @@ class OxcclBackend(_C10dBackend):
                     f"oxccl {what} on {self._where}: PREMUL_SUM needs a floating dtype, "
                     f"not {t.dtype}"
                 )
-            factor = reduce_op.factor
+            factor = getattr(reduce_op, "factor", None)
+            if factor is None:
+                # torch 2.11 has no ``factor``; its pickled state is (op, factor).
+                factor = reduce_op.__getstate__()[1]
             if isinstance(factor, torch.Tensor):
                 factor = factor.item()
             scalar = torch.tensor([factor], dtype=t.dtype)
@@ -949,6 +969,11 @@ class OxcclBackend(_C10dBackend):
 def _create(opts, backend_options):
     """torch's creator (extended API): a split of the parent when torch offers one, else a new
     communicator through the group's store."""
+    if not _SUBCLASSABLE:
+        raise RuntimeError(
+            f"oxccl needs a torch whose c10d Backend Python can subclass (2.15 is tested); "
+            f"torch {torch.__version__}'s has no constructor for Python subclasses"
+        )
     if backend_options is None:
         backend_options = _C10dBackend.Options(NAME, timeout=opts.timeout)
     # torch 2.11 has no split_from (seen on a GPU machine, 2026-11-27): then every group is a

@@ -227,8 +227,11 @@ fn unchecked_runs_print_na() {
 #[test]
 fn the_direct_way_is_right_wherever_buffers_lie_within_a_page() {
     // The direct way places its scratch at the offset within a page of the peer memory it
-    // copies with (the kernel's copies are slow at some distances): buffers 0, 16 and 4088
-    // bytes past a page, sizes whose per-rank slices and 128 KiB parts end mid-page.
+    // copies with, and copies between users' buffers whose distance is slow for the kernel
+    // through that scratch: buffers 0, 16 and 4088 bytes past a page, sizes whose per-rank
+    // slices, blocks (8 to 48 bytes past a page multiple: slow distances among them) and
+    // 128 KiB parts end mid-page. Broadcast's root in place writes into its peers; gather's
+    // peers write into the root.
     for offset in ["0", "16", "4088"] {
         for coll in [
             "allreduce",
@@ -236,6 +239,9 @@ fn the_direct_way_is_right_wherever_buffers_lie_within_a_page() {
             "reduce",
             "allgather",
             "alltoall",
+            "gather",
+            "scatter",
+            "broadcast",
         ] {
             let o = perf()
                 .env("OXCCL_AREA_WAY", "direct")

@@ -137,9 +137,9 @@ impl AreaPath {
                 // `AREA_BYTES >= LEND_MAX >= whole` bytes, which this rank may write this turn
                 // (`claim`); they do not overlap.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        b.src.add(q * b.block),
+                    oxccl_transport::shared::copy(
                         lent.add(q * b.block),
+                        b.src.add(q * b.block),
                         b.block,
                     )
                 };

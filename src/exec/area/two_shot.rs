@@ -42,7 +42,8 @@ impl AreaPath {
             let (lo, hi) = slice(q);
             // SAFETY: `input` holds `bytes` bytes and the buffer AREA_BYTES ≥ `bytes` (pieces
             // are never larger); this rank owns its buffer (see `exchange`).
-            unsafe { std::ptr::copy_nonoverlapping(input.add(lo), mine.add(lo), hi - lo) };
+            // (`shared::copy`: no slow distance, wherever the input lies within its page.)
+            unsafe { oxccl_transport::shared::copy(mine.add(lo), input.add(lo), hi - lo) };
         }
         // The publication says the copies are there.
         let all = self.exchange_all(w, turn, Data::Claimed(bytes), bytes)?;
@@ -104,7 +105,7 @@ impl AreaPath {
                 }
                 if !in_place_fold {
                     // SAFETY: our own buffer's slice, as above; `res` is this thread's memory.
-                    unsafe { std::ptr::copy_nonoverlapping(res.as_ptr(), mine.add(at), len) };
+                    unsafe { oxccl_transport::shared::copy(mine.add(at), res.as_ptr(), len) };
                 }
                 copy_out(at, res.as_ptr(), len);
                 at += len;

@@ -59,9 +59,19 @@ fn same_page_offset(buf: &mut [u8], like: usize, len: usize) -> &mut [u8] {
 /// between users' buffers meets it where a block's offset is not a multiple of the page: the
 /// out-of-place all-gather of 2 ranks with 1 MiB + 16 bytes a rank took 1.7–2.2 ms forced
 /// direct, against 0.19–0.21 ms with 1 MiB or 1 MiB + 64 bytes. Such copies go through
-/// scratch placed at the source's offset ([`AreaPath::bounce_read`]).
+/// scratch placed at the source's offset ([`AreaPath::bounce`]).
 fn slow_distance(dst: usize, src: usize) -> bool {
     (1..32).contains(&(dst.wrapping_sub(src) % PAGE))
+}
+
+/// Which way [`AreaPath::bounce`] moves bytes.
+#[derive(Clone, Copy)]
+enum Bounce {
+    /// From the peer into our `into`, of an output `total` bytes long (for the choice of
+    /// stores).
+    Read { into: *mut u8, total: usize },
+    /// From our `from` to the peer.
+    Write { from: *const u8 },
 }
 
 /// A rank's own block of a direct copy: (offset in its source, offset in its output).
@@ -277,8 +287,7 @@ impl AreaPath {
         let size = plan.dtype.size();
         let part = PART_BYTES / size * size;
         let stream = !b.in_place && plan.count * size >= STREAM_MIN;
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        scratch.resize(2 * (PART_BYTES + PAGE) / 8, 0);
+        let mut scratch = self.scratch();
         let (tmp_all, acc_all) =
             bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]).split_at_mut(PART_BYTES + PAGE);
         let mut at = lo;
@@ -439,7 +448,7 @@ impl AreaPath {
                         let remote = peer_addrs[q].1 + dst;
                         let local = b.src.add(src);
                         if slow_distance(remote, local as usize) {
-                            self.bounce_write(q, remote, local, len)
+                            self.bounce(q, remote, len, Bounce::Write { from: local })
                         } else {
                             self.area.write_to(q, remote, local, len)
                         }
@@ -454,7 +463,8 @@ impl AreaPath {
                         let remote = peer_addrs[q].0 + src;
                         let local = b.dst.add(dst);
                         if slow_distance(local as usize, remote) {
-                            self.bounce_read(q, remote, local, len, n * block)
+                            let total = n * block;
+                            self.bounce(q, remote, len, Bounce::Read { into: local, total })
                         } else {
                             self.area.read_from(q, remote, local, len)
                         }
@@ -467,64 +477,49 @@ impl AreaPath {
         Ok(())
     }
 
-    /// Reads `len` bytes at `remote` in rank `q` into `local` through scratch memory at
-    /// `remote`'s offset within a page (see [`slow_distance`]): the kernel copies at distance
-    /// 0, then a user-space copy, which has no slow distance, moves the bytes into place.
-    ///
-    /// # Safety
-    ///
-    /// As for [`oxccl_transport_shm::area::Area::read_from`] into `local..local + len`;
-    /// `total` is the whole output's length (for the choice of stores).
-    unsafe fn bounce_read(
-        &self,
-        q: Rank,
-        remote: usize,
-        local: *mut u8,
-        len: usize,
-        total: usize,
-    ) -> std::io::Result<()> {
+    /// The scratch memory of direct calls, two parts of [`PART_BYTES`] and a page each.
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         scratch.resize(2 * (PART_BYTES + PAGE) / 8, 0);
-        let buf = bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]);
-        let mut at = 0;
-        while at < len {
-            let l = PART_BYTES.min(len - at);
-            let tmp = same_page_offset(buf, remote + at, l);
-            // SAFETY: `tmp` is ours; the rest is the caller's contract.
-            unsafe {
-                self.area.read_from(q, remote + at, tmp.as_mut_ptr(), l)?;
-                copy_out(tmp.as_ptr(), local.add(at), l, total);
-            }
-            at += l;
-        }
-        Ok(())
+        scratch
     }
 
-    /// Writes `len` bytes from `local` to `remote` in rank `q` through scratch memory at
-    /// `remote`'s offset within a page (as [`AreaPath::bounce_read`]).
+    /// Moves `len` bytes between `remote` in rank `q` and our memory through scratch at
+    /// `remote`'s offset within a page (see [`slow_distance`]): the kernel copies at distance
+    /// 0, and a user-space copy, which has no slow distance, moves the bytes between the
+    /// scratch and our memory.
     ///
     /// # Safety
     ///
-    /// As for [`oxccl_transport_shm::area::Area::write_to`] from `local..local + len`.
-    unsafe fn bounce_write(
+    /// As for [`oxccl_transport_shm::area::Area::read_from`] into `into..into + len`
+    /// ([`Bounce::Read`]), or [`oxccl_transport_shm::area::Area::write_to`] from
+    /// `from..from + len` ([`Bounce::Write`]).
+    unsafe fn bounce(
         &self,
         q: Rank,
         remote: usize,
-        local: *const u8,
         len: usize,
+        way: Bounce,
     ) -> std::io::Result<()> {
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        scratch.resize(2 * (PART_BYTES + PAGE) / 8, 0);
+        let mut scratch = self.scratch();
         let buf = bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]);
         let mut at = 0;
         while at < len {
             let l = PART_BYTES.min(len - at);
             let tmp = same_page_offset(buf, remote + at, l);
-            // SAFETY: `tmp` is ours and disjoint from `local` (the caller's, readable); the
-            // write is the caller's contract.
+            // SAFETY: `tmp` is ours and disjoint from the caller's memory; the rest is the
+            // caller's contract.
             unsafe {
-                oxccl_transport::shared::copy(tmp.as_mut_ptr(), local.add(at), l);
-                self.area.write_to(q, remote + at, tmp.as_ptr(), l)?;
+                match way {
+                    Bounce::Read { into, total } => {
+                        self.area.read_from(q, remote + at, tmp.as_mut_ptr(), l)?;
+                        copy_out(tmp.as_ptr(), into.add(at), l, total);
+                    }
+                    Bounce::Write { from } => {
+                        oxccl_transport::shared::copy(tmp.as_mut_ptr(), from.add(at), l);
+                        self.area.write_to(q, remote + at, tmp.as_ptr(), l)?;
+                    }
+                }
             }
             at += l;
         }

@@ -173,6 +173,14 @@ impl Liveness {
         let beat = beat.max(crate::config::Config::MIN_HEARTBEAT);
         let stop = Arc::new(AtomicBool::new(false));
         let targets: Vec<SocketAddr> = peers.iter().map(|p| p.1).collect();
+        // The first beat leaves before the communicator reaches its user, from this thread:
+        // neighbours watch a peer only once they have heard it (`Heard::ever`), so a rank
+        // stopped right after its first call, before the watch thread was ever scheduled (2
+        // cores, 3 busy ranks), would otherwise be noticed only at the deadline.
+        let first = seal.encode(BEAT, me, FIRST_BEAT);
+        for t in &targets {
+            let _ = socket.send_to(&first, t);
+        }
         let watch = Watch {
             me,
             socket: socket.clone(),
@@ -217,6 +225,9 @@ struct Watch {
     stop: Arc<AtomicBool>,
 }
 
+/// The counter of the beat [`Liveness::start`] sends itself; the watch goes on from it.
+const FIRST_BEAT: u64 = 1;
+
 /// How long after the start a peer that was never heard from is reported (once): datagrams
 /// may be filtered where TCP is not, and then liveness cannot watch that peer.
 const NEVER_HEARD: Duration = Duration::from_secs(10);
@@ -254,8 +265,8 @@ impl Watch {
             };
             self.peers.len()
         ];
-        let mut counter = 0u64;
-        let mut next_beat = start;
+        let mut counter = FIRST_BEAT;
+        let mut next_beat = start + beat_every;
         let mut last_turn = start;
         let mut declared = false;
         let mut warned = false;
@@ -400,6 +411,30 @@ mod tests {
         }
         assert_eq!(seal.decode(&b[..LEN - 1]), None);
         assert_eq!(seal.decode(&[]), None);
+    }
+
+    #[test]
+    fn a_peer_silent_from_its_start_is_declared_failed() {
+        // Rank 1's watch is stopped as soon as it starts (as a process SIGSTOPped right after
+        // init): the beat `start` sent is all rank 0 ever hears, and it must be enough.
+        let a = bind("127.0.0.1".parse().unwrap()).unwrap();
+        let b = bind("127.0.0.1".parse().unwrap()).unwrap();
+        let (pa, pb) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let seal = Seal::new(&[2; 32], *b"testtest");
+        let period = Duration::from_millis(300);
+        let (fa, fb) = (Arc::new(Flags::new()), Arc::new(Flags::new()));
+        let lb = Liveness::start(1, b, vec![(0, pa)], (period, period), seal.clone(), fb).unwrap();
+        lb.stop.store(true, Ordering::Release);
+        std::mem::forget(lb);
+        let la = Liveness::start(0, a, vec![(1, pb)], (period, period), seal, fa.clone()).unwrap();
+        let gone = Instant::now();
+        while fa.lost().is_none() && gone.elapsed() < period * 10 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (peer, why) = fa.lost().expect("rank 1 declared failed");
+        assert_eq!(peer, 1);
+        assert!(why.contains("no heartbeat"), "{why}");
+        drop(la);
     }
 
     #[test]

@@ -338,14 +338,23 @@ impl AreaPath {
                 }
             }
             for &q in to {
-                // SAFETY: `acc` is ours; the peer keeps its output valid until every rank
+                // The sum lies at the first receiver's offset within a page; a receiver whose
+                // output lies 1-31 bytes further (3 ranks or more, placed differently) gets
+                // it through `tmp`, free again, placed at its offset (see `bounce`).
+                let remote = peer_addrs[q].1 + at;
+                let from: &[u8] = if slow_distance(remote, acc.as_ptr() as usize) {
+                    let t = same_page_offset(tmp_all, remote, len);
+                    // SAFETY: `t` and `acc` are ours, `len` bytes each, and disjoint.
+                    unsafe { oxccl_transport::shared::copy(t.as_mut_ptr(), acc.as_ptr(), len) };
+                    t
+                } else {
+                    acc
+                };
+                // SAFETY: `from` is ours; the peer keeps its output valid until every rank
                 // finishes this turn or stops touching it, and does not touch this range of
                 // it meanwhile.
-                unsafe {
-                    self.area
-                        .write_to(q, peer_addrs[q].1 + at, acc.as_ptr(), len)
-                }
-                .map_err(|e| self.reach_err(w, q, e))?;
+                unsafe { self.area.write_to(q, remote, from.as_ptr(), len) }
+                    .map_err(|e| self.reach_err(w, q, e))?;
             }
             at += len;
         }

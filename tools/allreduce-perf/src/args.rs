@@ -196,12 +196,13 @@ pub struct Cli {
     pub topo: bool,
 
     /// Start every host buffer this many bytes past a page boundary (a multiple of 8 below
-    /// 4096) [default: 0]. `malloc` puts large blocks 16 bytes past one (Rust `Vec`s, numpy
-    /// arrays, C programs' buffers); where a buffer lies against the library's own
-    /// page-aligned ones changes how fast copies between them run.
-    #[arg(long = "buffer-offset", value_name = "BYTES", default_value_t = 0,
-          value_parser = parse_buffer_offset)]
-    pub buffer_offset: usize,
+    /// 4096) [default: 0]; a comma list gives rank r the (r mod length)-th (`0,16`: ranks
+    /// place their buffers differently). `malloc` puts large blocks 16 bytes past one (Rust
+    /// `Vec`s, numpy arrays, C programs' buffers); where a buffer lies against the library's
+    /// own page-aligned ones, or a peer's, changes how fast copies between them run.
+    #[arg(long = "buffer-offset", value_name = "BYTES[,BYTES...]", default_value = "0",
+          value_parser = parse_buffer_offsets)]
+    pub buffer_offset: Offsets,
 }
 
 /// Where buffers live.
@@ -330,7 +331,24 @@ pub struct Settings {
     /// `--topo`.
     pub topo: bool,
     /// `--buffer-offset`, bytes past a page boundary.
-    pub buffer_offset: usize,
+    pub buffer_offset: Offsets,
+}
+
+/// `--buffer-offset`'s bytes past a page boundary, by rank (rank r takes the (r mod
+/// length)-th); never empty.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Offsets(Vec<usize>);
+
+impl Offsets {
+    /// Rank `rank`'s offset.
+    pub fn of(&self, rank: usize) -> usize {
+        self.0[rank % self.0.len()]
+    }
+
+    /// Whether every rank's buffers start on a page boundary.
+    pub fn none(&self) -> bool {
+        self.0.iter().all(|&o| o == 0)
+    }
 }
 
 impl Cli {
@@ -373,7 +391,7 @@ impl Cli {
                     .into(),
             );
         }
-        if self.buffer_offset != 0 && self.device == Device::Cuda {
+        if !self.buffer_offset.none() && self.device == Device::Cuda {
             return Err(
                 "--buffer-offset places host buffers; with --device cuda the buffers are \
                  device allocations"
@@ -543,20 +561,30 @@ pub fn parse_op_list(s: &str) -> Result<Vec<OpItem>, String> {
     })
 }
 
-/// `--buffer-offset`: bytes past a page boundary, a multiple of 8 (every type's alignment)
-/// below 4096.
-pub fn parse_buffer_offset(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("--buffer-offset {s:?}: not a number of bytes"))?;
-    if n >= 4096 || !n.is_multiple_of(8) {
+/// `--buffer-offset`: a comma list of bytes past a page boundary, each a multiple of 8 (every
+/// type's alignment) below 4096.
+pub fn parse_buffer_offsets(s: &str) -> Result<Offsets, String> {
+    let one = |w: &str| -> Result<usize, String> {
+        let n: usize = w
+            .trim()
+            .parse()
+            .map_err(|_| format!("--buffer-offset {w:?}: not a number of bytes"))?;
+        if n >= 4096 || !n.is_multiple_of(8) {
+            return Err(format!(
+                "--buffer-offset {n}: must be a multiple of 8 (the widest type's alignment) \
+                 below 4096 (a page)"
+            ));
+        }
+        Ok(n)
+    };
+    let v = s.split(',').map(one).collect::<Result<Vec<_>, _>>()?;
+    if v.len() > 4096 {
         return Err(format!(
-            "--buffer-offset {n}: must be a multiple of 8 (the widest type's alignment) below \
-             4096 (a page)"
+            "--buffer-offset: {} offsets, at most 4096",
+            v.len()
         ));
     }
-    Ok(n)
+    Ok(Offsets(v))
 }
 
 /// Parses a `-d` value: a comma list of nccl-tests type names, or `all`.
@@ -651,18 +679,15 @@ mod tests {
 
     #[test]
     fn buffer_offsets_keep_every_type_aligned_within_a_page() {
-        assert_eq!(settings(&[]).unwrap().buffer_offset, 0);
-        assert_eq!(
-            settings(&["--buffer-offset", "16"]).unwrap().buffer_offset,
-            16
-        );
-        assert_eq!(
-            settings(&["--buffer-offset", "4088"])
-                .unwrap()
-                .buffer_offset,
-            4088
-        );
-        for bad in ["4", "4096", "sixteen", ""] {
+        let at = |args: &[&str], rank| settings(args).unwrap().buffer_offset.of(rank);
+        assert_eq!(at(&[], 3), 0);
+        assert_eq!(at(&["--buffer-offset", "16"], 0), 16);
+        assert_eq!(at(&["--buffer-offset", "16"], 5), 16);
+        assert_eq!(at(&["--buffer-offset", "4088"], 1), 4088);
+        for (rank, want) in [(0, 0), (1, 16), (2, 4088), (3, 0), (4, 16)] {
+            assert_eq!(at(&["--buffer-offset", "0,16,4088"], rank), want);
+        }
+        for bad in ["4", "4096", "sixteen", "", "16,", "0,4"] {
             let e = settings(&["--buffer-offset", bad]).unwrap_err();
             assert!(e.contains("--buffer-offset"), "{bad:?}: {e}");
         }

@@ -292,15 +292,15 @@ impl<'a> Bench<'a> {
         let s = self.settings;
         let shape = self.shape(row);
         let esize = row.dtype.size();
+        let offset = s.buffer_offset.of(self.comm.rank());
         let host = match placement {
             Placement::OutOfPlace => Bufs::Separate {
-                send: Buf::new(shape.input * esize, s.buffer_offset)?,
-                recv: Buf::new(shape.output * esize, s.buffer_offset)?,
+                send: Buf::new(shape.input * esize, offset)?,
+                recv: Buf::new(shape.output * esize, offset)?,
             },
-            Placement::InPlace => Bufs::Shared(Buf::new(
-                shape.input.max(shape.output) * esize,
-                s.buffer_offset,
-            )?),
+            Placement::InPlace => {
+                Bufs::Shared(Buf::new(shape.input.max(shape.output) * esize, offset)?)
+            }
         };
         let device = self.device_copy(&host)?;
         let mut bufs = Buffers { host, device };

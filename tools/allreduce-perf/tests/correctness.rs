@@ -231,8 +231,9 @@ fn the_direct_way_is_right_wherever_buffers_lie_within_a_page() {
     // through that scratch: buffers 0, 16 and 4088 bytes past a page, sizes whose per-rank
     // slices, blocks (8 to 48 bytes past a page multiple: slow distances among them) and
     // 128 KiB parts end mid-page. Broadcast's root in place writes into its peers; gather's
-    // peers write into the root.
-    for offset in ["0", "16", "4088"] {
+    // peers write into the root. "0,16,4088": each of the 3 ranks places its buffers
+    // differently, so a sum written to two peers meets a slow distance at one of them.
+    for offset in ["0", "16", "4088", "0,16,4088"] {
         for coll in [
             "allreduce",
             "reducescatter",

@@ -61,6 +61,7 @@ mod comm;
 pub mod config;
 pub mod error;
 mod exec;
+mod files;
 pub mod float8;
 #[cfg(test)]
 mod fuzz;
@@ -75,6 +76,14 @@ mod work;
 
 /// This library's version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The most ranks a communicator may have (2^20). Creation reserves per-rank state before it
+/// hears from any peer, so a size beyond this (a C caller's `INT_MAX`, a garbled
+/// `WORLD_SIZE`) is refused with `InvalidArgument` instead of an allocation of gigabytes.
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// The most ranks [`Communicator::init_local`] runs in one process (a thread each).
+pub const MAX_LOCAL_RANKS: usize = 4096;
 
 pub use bootstrap::UniqueId;
 pub use comm::{Calibration, Communicator, Group, Pending, RawMessage, Registration};

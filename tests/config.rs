@@ -223,6 +223,32 @@ fn init_rank_rejects_a_bad_config_before_connecting() {
 }
 
 #[test]
+fn sizes_no_job_has_are_refused_before_anything_is_reserved() {
+    // Creation reserves per-rank state before it hears from a peer: a size past the bound
+    // (a garbled WORLD_SIZE, a C caller's INT_MAX) is an invalid argument, promptly, not an
+    // allocation of gigabytes.
+    let id = UniqueId::new().expect("unique id");
+    let config = Config::default().timeout(Duration::from_secs(5));
+    for n in [oxccl::MAX_RANKS + 1, i32::MAX as usize, usize::MAX] {
+        let (id, config) = (id.clone(), config.clone());
+        let what = format!("init_rank of {n} ranks");
+        let got = answers(&what, move || {
+            Communicator::init_rank(&id, n, 0, config).map(|c| c.size())
+        });
+        match got {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("1048576"), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    for n in [oxccl::MAX_LOCAL_RANKS + 1, usize::MAX] {
+        match Communicator::init_local(n, config.clone()) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("4096"), "{n}: {m}"),
+            other => panic!("init_local({n}): {:?}", other.map(|v| v.len())),
+        }
+    }
+}
+
+#[test]
 fn the_ends_of_every_range_run_a_collective() {
     let loopback = Config::default().transports(TransportFilter::only(&["loopback"]));
     for config in [

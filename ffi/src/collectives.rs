@@ -76,11 +76,14 @@ fn collective(
     }
     let (plan, input, output) = match buffers {
         Buffers::Shared(buf) => {
+            buf.mapped()?;
             let (p, len) = buf.write()?;
             (plan.in_place(true), (p.cast_const(), len), (p, len))
         }
         Buffers::Apart { send, recv } => {
             send.disjoint(&recv)?;
+            send.mapped()?;
+            recv.mapped()?;
             (plan, send.read()?, recv.write()?)
         }
     };
@@ -431,6 +434,7 @@ pub unsafe extern "C" fn oxcclSend(
                 )
             };
         }
+        Region::new(sendbuff, len, "sendbuff").mapped()?;
         let message = RawMessage {
             peer,
             send: true,
@@ -466,6 +470,7 @@ pub unsafe extern "C" fn oxcclRecv(
                 crate::device::message(&entry, peer, false, (ptr.cast(), len, "recvbuff"), stream)
             };
         }
+        Region::new(recvbuff, len, "recvbuff").mapped()?;
         let message = RawMessage {
             peer,
             send: false,

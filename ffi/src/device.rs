@@ -93,10 +93,23 @@ fn is_device(ptr: *const c_void) -> bool {
             || kind == sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED as u32)
 }
 
-/// Whether `ptr` (of the argument `name`) is device memory; a host buffer (pinned, registered or
-/// unknown to CUDA) is an `oxcclInvalidArgument`.
-fn device_memory(ptr: *const c_void, name: &str) -> Result<(), Failure> {
+/// Whether `ptr` (of the argument `name`) is device memory with `len` bytes in its allocation;
+/// a host buffer (pinned, registered or unknown to CUDA), or a length past the end of the
+/// allocation (a count no buffer has: the call stages `len` bytes through host memory), is an
+/// `oxcclInvalidArgument`. Where the driver does not say an allocation's extent, the length
+/// is the caller's word.
+fn device_memory(ptr: *const c_void, len: usize, name: &str) -> Result<(), Failure> {
     if is_device(ptr) {
+        if let Some((start, size)) = allocation_of(ptr)
+            && (ptr as usize)
+                .checked_add(len)
+                .is_none_or(|end| end > start.saturating_add(size))
+        {
+            return Err(Failure::invalid(format!(
+                "{name}: {len} bytes at {ptr:p} run past the end of its device allocation \
+                 ({size} bytes at {start:#x}): the count is larger than the buffer"
+            )));
+        }
         return Ok(());
     }
     Err(Failure {
@@ -107,6 +120,26 @@ fn device_memory(ptr: *const c_void, name: &str) -> Result<(), Failure> {
              stream"
         ),
     })
+}
+
+/// The (start, size in bytes) of the device allocation `ptr` lies in, where the driver says.
+fn allocation_of(ptr: *const c_void) -> Option<(usize, usize)> {
+    let (mut start, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: as in `is_device`; the range attributes are written as a CUdeviceptr and a
+    // size_t, which `start` and `size` are.
+    let ok = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut start as *mut sys::CUdeviceptr).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            ptr as sys::CUdeviceptr,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuPointerGetAttribute(
+                (&mut size as *mut usize).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                ptr as sys::CUdeviceptr,
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    (ok && size > 0).then_some((start as usize, size))
 }
 
 /// The context `ptr` was allocated in: NULL for memory of no context (from a pool,
@@ -397,7 +430,7 @@ fn on_device_collective(
             if len == 0 {
                 return issue(entry, host_job(plan.in_place(true), &mut [], None, premul));
             }
-            device_memory(p.cast(), buf.name)?;
+            device_memory(p.cast(), len, buf.name)?;
             let _ctx = Pushed::for_call(p.cast(), stream)?;
             // SAFETY: `p` is device memory (checked) of `len` bytes (the caller's contract).
             let mut host = unsafe { download(p.cast(), len, stream, deadline) }?;
@@ -418,11 +451,11 @@ fn on_device_collective(
             let (rp, rlen) = recv.write()?;
             let mut first = None;
             if slen > 0 {
-                device_memory(sp.cast(), send.name)?;
+                device_memory(sp.cast(), slen, send.name)?;
                 first = Some(sp.cast::<c_void>());
             }
             if rlen > 0 {
-                device_memory(rp.cast_const().cast(), recv.name)?;
+                device_memory(rp.cast_const().cast(), rlen, recv.name)?;
                 first = first.or(Some(rp.cast_const().cast()));
             }
             let _ctx = first.map(|p| Pushed::for_call(p, stream)).transpose()?;
@@ -515,7 +548,7 @@ unsafe fn on_device_message(
 ) -> Outcome {
     let (stream, deadline) = device_call(entry, stream)?;
     let _ctx = if len > 0 {
-        device_memory(ptr.cast_const(), name)?;
+        device_memory(ptr.cast_const(), len, name)?;
         Some(Pushed::for_call(ptr.cast_const(), stream)?)
     } else {
         None

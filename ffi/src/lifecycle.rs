@@ -147,8 +147,13 @@ unsafe fn blocking(config: *const oxcclConfig_t) -> Result<bool, Failure> {
 fn size_and_rank(nranks: c_int, rank: c_int) -> Result<(usize, usize), Failure> {
     let n = usize::try_from(nranks)
         .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| Failure::invalid(format!("nranks: {nranks} is not positive")))?;
+        .filter(|&n| n > 0 && n <= oxccl_core::MAX_RANKS)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "nranks: {nranks} is not from 1 to {} (the most ranks a communicator has)",
+                oxccl_core::MAX_RANKS
+            ))
+        })?;
     let r = usize::try_from(rank)
         .ok()
         .filter(|&r| r < n)
@@ -309,8 +314,13 @@ pub unsafe extern "C" fn oxcclCommInitAll(
         non_null(comms, "comms")?;
         let n = usize::try_from(ndev)
             .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| Failure::invalid(format!("ndev: {ndev} is not positive")))?;
+            .filter(|&n| n > 0 && n <= oxccl_core::MAX_LOCAL_RANKS)
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "ndev: {ndev} is not from 1 to {} (ranks in one process)",
+                    oxccl_core::MAX_LOCAL_RANKS
+                ))
+            })?;
         let all = Communicator::init_local(n, Config::from_env()?)?;
         for (i, c) in all.into_iter().enumerate() {
             let handle = handles::register(Arc::new(Entry::ready(c, true)));

@@ -181,9 +181,11 @@ impl Communicator {
     ) -> Result<Communicator> {
         crate::logging::init();
         config.validate()?;
-        if nranks == 0 || rank >= nranks {
+        if nranks == 0 || nranks > crate::MAX_RANKS || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
-                "init_rank: rank {rank} is not a rank of a communicator of {nranks} ranks"
+                "init_rank: rank {rank} of a communicator of {nranks} ranks (1 to {} ranks, \
+                 each below the size)",
+                crate::MAX_RANKS
             )));
         }
         let deadline = std::time::Instant::now() + config.timeout;
@@ -206,10 +208,11 @@ impl Communicator {
     pub fn init_local(n: usize, config: Config) -> Result<Vec<Communicator>> {
         crate::logging::init();
         config.validate()?;
-        if n == 0 {
-            return Err(Error::InvalidArgument(
-                "init_local: a communicator needs at least one rank".into(),
-            ));
+        if n == 0 || n > crate::MAX_LOCAL_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "init_local: {n} ranks; from 1 to {} ranks run in one process",
+                crate::MAX_LOCAL_RANKS
+            )));
         }
         let store: Arc<dyn Store> = Arc::new(MemStore::new());
         let secret = oxccl_transport::auth::Secret::random()

@@ -79,6 +79,13 @@ const SHM_SLOTS: usize = 4;
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
     config.validate()?;
+    if size == 0 || size > crate::MAX_RANKS || rank >= size {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank}: creation: a communicator of {size} ranks (1 to {} ranks, each \
+             below the size)",
+            crate::MAX_RANKS
+        )));
+    }
     let deadline = Instant::now() + config.timeout;
     let store = PrefixStore::new(boot.store.clone(), boot.prefix.clone());
     let host = topo::host_id(config.host_id.as_deref());

@@ -631,12 +631,7 @@ pub fn cache_path(config: &Config, host: &str, size: usize) -> Option<PathBuf> {
 
 /// The costs cached at `path` for `size` ranks.
 fn load(path: &Path, size: usize) -> std::result::Result<Costs, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    f.take(MAX_TEXT_BYTES as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| e.to_string())?;
+    let text = crate::files::read_text(path, MAX_TEXT_BYTES).map_err(|e| e.to_string())?;
     let costs = Costs::parse(&text)?;
     if costs.ranks() != size {
         return Err(format!("measured with {} ranks, not {size}", costs.ranks()));

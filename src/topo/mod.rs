@@ -347,9 +347,13 @@ impl Topology {
         Ok(t)
     }
 
-    /// Reads a fixture (`OXCCL_TOPO_FILE`).
+    /// The longest fixture read (64 MiB: a job of about 100,000 ranks).
+    pub const MAX_FILE_BYTES: usize = 64 << 20;
+
+    /// Reads a fixture (`OXCCL_TOPO_FILE`): a regular file of at most
+    /// [`Topology::MAX_FILE_BYTES`].
     pub fn load(path: &Path) -> Result<Topology> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let text = crate::files::read_text(path, Topology::MAX_FILE_BYTES).map_err(|e| {
             Error::InvalidArgument(format!(
                 "OXCCL_TOPO_FILE {}: cannot be read: {e}",
                 path.display()

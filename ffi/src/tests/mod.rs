@@ -158,6 +158,17 @@ fn bad_init_arguments_are_invalid_arguments() {
             oxcclInvalidArgument,
             "nranks: 0",
         );
+        // Sizes no job has: refused before anything is reserved for their ranks.
+        fails(
+            oxcclCommInitRank(&mut comm, c_int::MAX, id, 0),
+            oxcclInvalidArgument,
+            "nranks: 2147483647 is not from 1 to 1048576",
+        );
+        fails(
+            oxcclCommInitAll(&mut comm, c_int::MAX, null()),
+            oxcclInvalidArgument,
+            "ndev: 2147483647 is not from 1 to 4096",
+        );
         fails(
             oxcclCommInitRank(&mut comm, 2, id, 2),
             oxcclInvalidArgument,
@@ -215,6 +226,76 @@ fn null_destroyed_and_foreign_handles_are_invalid_arguments() {
         fails(oxcclCommAbort(handle), oxcclInvalidArgument, words);
     }
     assert_eq!(local, 0, "a foreign handle is never written through");
+}
+
+#[test]
+fn counts_larger_than_any_buffer_are_refused_before_any_work() {
+    // 2^61 bytes pass the size arithmetic, but no mapping of this process holds them: refused
+    // at once (before the call cut them into slices), naming the buffer, on one rank alone.
+    let comms = init_all(2);
+    let c = comms[0].get();
+    let mut small = vec![0f32; 64];
+    let p = void_mut(&mut small);
+    let huge = 1usize << 59; // floats: 2^61 bytes
+    // SAFETY: the lengths are the errors under test; nothing is read or written.
+    unsafe {
+        fails(
+            oxcclAllReduce(p, p, huge, oxcclFloat32, oxcclSum, c, null_mut()),
+            oxcclInvalidArgument,
+            "recvbuff: 2305843009213693952 bytes",
+        );
+        fails(
+            oxcclBroadcast(p, p, huge, oxcclFloat32, 1, c, null_mut()),
+            oxcclInvalidArgument,
+            "are not all memory of this process",
+        );
+        fails(
+            oxcclSend(p, huge * 4, oxcclInt8, 1, c, null_mut()),
+            oxcclInvalidArgument,
+            "sendbuff: 2305843009213693952 bytes",
+        );
+        fails(
+            oxcclRecv(p, huge * 4, oxcclInt8, 1, c, null_mut()),
+            oxcclInvalidArgument,
+            "recvbuff: 2305843009213693952 bytes",
+        );
+        fails(
+            oxcclAllGather(p, p, huge / 2, oxcclFloat32, c, null_mut()),
+            oxcclInvalidArgument,
+            "are not all memory of this process",
+        );
+    }
+    // A real buffer past the bound (32 MiB) is taken, in place and not, and summed right.
+    let n = 8 << 20;
+    on_each(&comms, |r, c| {
+        let send = vec![r as f32 + 1.0; n];
+        let mut recv = vec![0f32; n];
+        let mut both = vec![r as f32 + 1.0; n];
+        // SAFETY: both buffers hold n floats.
+        unsafe {
+            ok(oxcclAllReduce(
+                void(&send),
+                void_mut(&mut recv),
+                n,
+                oxcclFloat32,
+                oxcclSum,
+                c,
+                null_mut(),
+            ));
+            let p = void_mut(&mut both);
+            ok(oxcclAllReduce(
+                p,
+                p,
+                n,
+                oxcclFloat32,
+                oxcclSum,
+                c,
+                null_mut(),
+            ));
+        }
+        assert!(recv.iter().chain(&both).all(|&x| x == 3.0), "rank {r}");
+    });
+    destroy(comms);
 }
 
 #[test]

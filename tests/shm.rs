@@ -548,7 +548,9 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
 
 /// Two calls in which neither rank reads the other's data (a broadcast's root against a
 /// reduce's other rank) fail anyway: each rank checks the other's descriptors `LAG` calls
-/// later; the first to do so reports the mismatch, and both fail by then.
+/// later; the first to do so reports the mismatch, and both fail by then, both naming the
+/// calls that differ (the other, seeing the first failed, looks at the turns it has not
+/// checked yet).
 #[test]
 fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
@@ -568,15 +570,26 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
         })();
         (res, calls)
     });
-    let mut mismatches = 0;
     for (r, ((res, calls), took)) in results.into_iter().enumerate() {
-        // The first to check finds the mismatch; the other may first see that it failed.
         match res {
-            Err(Error::Mismatch { rank, peer, .. }) => {
+            Err(Error::Mismatch {
+                rank,
+                peer,
+                ours,
+                theirs,
+                ..
+            }) => {
                 assert_eq!((rank, peer), (r, 1 - r));
-                mismatches += 1;
+                let (b, d) = if r == 0 {
+                    (&ours, &theirs)
+                } else {
+                    (&theirs, &ours)
+                };
+                assert!(
+                    b.contains("broadcast") && d.contains("reduce"),
+                    "rank {r}: {b} / {d}"
+                );
             }
-            Err(Error::PeerFailed { rank, peer, .. }) => assert_eq!((rank, peer), (r, 1 - r)),
             other => panic!("rank {r}: expected a mismatch, got {other:?}"),
         }
         assert!(
@@ -585,7 +598,42 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
         );
         assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
     }
-    assert!(mismatches >= 1, "nobody reported the mismatch");
+}
+
+/// A broadcast whose ranks name different roots (each its own) succeeds on both, as neither
+/// reads the other; the mismatch is found within the lag, and both ranks' errors name the
+/// broadcast and its two roots, not merely a failed peer.
+#[test]
+fn a_broadcast_with_different_roots_is_named_by_both_ranks() {
+    let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, |c| {
+        let mut x = vec![c.rank() as f32 + 1.0; 1000];
+        let first = c.broadcast_in_place(&mut x, c.rank());
+        let mut later = Ok(());
+        for _ in 0..=2 * LAG {
+            let mut y = [1.0f32; 4];
+            later = c.all_reduce_in_place(&mut y, ReduceOp::Sum);
+            if later.is_err() {
+                break;
+            }
+        }
+        (first, later)
+    });
+    for (r, ((first, later), _)) in results.into_iter().enumerate() {
+        assert!(first.is_ok(), "rank {r}: {first:?}");
+        match later {
+            Err(Error::Mismatch { ours, theirs, .. }) => {
+                let text = format!("{ours} / {theirs}");
+                assert!(
+                    text.contains("broadcast")
+                        && text.contains("root 0")
+                        && text.contains("root 1"),
+                    "rank {r}: {text}"
+                );
+            }
+            other => panic!("rank {r}: expected a mismatch naming the broadcast, got {other:?}"),
+        }
+    }
 }
 
 /// A rank that reads nothing from its peers (a reduce's other rank) goes on to a call on the

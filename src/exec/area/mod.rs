@@ -473,7 +473,23 @@ impl AreaPath {
             // A rank that reads nothing from `peer` would not wait for it, so would not see
             // its failure notice: say it here, after what this rank reads was checked (a
             // mismatch it sees itself is the better error), naming the rank at the root of
-            // the failure as a notice would.
+            // the failure as a notice would. `peer` may have failed on a call of ours it
+            // found different from its own within the lag (a broadcast whose ranks named
+            // different roots): the turns not checked against it yet are still in both
+            // slots, so look, and name the calls that differ as it did.
+            let from = self.checked[peer].load(Ordering::Relaxed);
+            for t in from..turn {
+                if let Ok(Some((o, p))) = self.differs(peer, t) {
+                    // SAFETY: as in `catch_up`.
+                    let (ours, theirs) = unsafe {
+                        (
+                            oxccl_transport::shared::read(o.desc),
+                            oxccl_transport::shared::read(p.desc),
+                        )
+                    };
+                    return Err(self.mismatch(w, peer, &ours, &theirs));
+                }
+            }
             let cause = if origin == peer || origin == self.rank {
                 "its communicator failed or was aborted".to_string()
             } else {

@@ -11,8 +11,14 @@ pub fn init() {
         let Ok(filter) = std::env::var("OXCCL_LOG") else {
             return;
         };
-        let Ok(filter) = tracing_subscriber::EnvFilter::try_new(filter) else {
-            return;
+        let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
+            Ok(f) => f,
+            Err(e) => {
+                // No subscriber to say it through: one line on stderr, as NCCL_DEBUG's
+                // warnings go (a debugging switch that is wrong should not stop the job).
+                eprintln!("oxccl: OXCCL_LOG {filter:?} is not a log filter ({e}); not logging");
+                return;
+            }
         };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -26,7 +26,7 @@
 //! model of each kind of link (shared memory inside a host, TCP; measured by the same
 //! calibration) and its fold rate, with a host's ranks sharing its memory bus and its network
 //! card. The cheapest is taken; within [`TIE`] of it, the one with the fewest message hops on
-//! its critical path. Prices are kept per (collective, size class). On one host a schedule
+//! its critical path, then with the fewest bytes through its busiest rank. Prices are kept per (collective, size class). On one host a schedule
 //! replaces the area only where it is cheaper than the area's best way in both placements
 //! together. Beyond [`MAX_PRICED_RANKS`] ranks, or without link models, size rules decide
 //! (the α-β table in `docs/cost-model.md`, and across hosts the shape of the job).
@@ -170,7 +170,7 @@ pub(crate) struct Means {
 type Priced = Vec<(Choice, Option<Price>)>;
 
 /// A schedule's simulated time in both placements, and the message hops on its critical path
-/// (the more of the two).
+/// and the bytes its busiest rank sends and receives (the more of the two placements').
 ///
 /// Ranks may place one call differently (in place on one rank, out of place on another), and
 /// the first call of a size class on a rank may come in either placement; every rank must
@@ -184,6 +184,7 @@ struct Price {
     out_of_place: f64,
     in_place: f64,
     hops: usize,
+    bytes: usize,
 }
 
 impl Price {
@@ -203,8 +204,14 @@ impl Price {
 }
 
 /// Schedules priced within this fraction of the cheapest count as ties, broken by fewer message
-/// hops on the critical path: what the model leaves out (processor time per message, waiting
-/// to be scheduled where ranks share cores) grows with them.
+/// hops on the critical path, then by fewer bytes sent and received by the busiest rank: what
+/// the model leaves out (processor time per message, waiting to be scheduled where ranks
+/// share cores, each rank's own copies where the host's network card is the bound the model
+/// sees) grows with them. 4 ranks of one host over TCP, 512 KiB: ring, tree and
+/// halving-doubling priced within 0.5% (the host's card bounds all three alike), tree and
+/// halving-doubling with 4 hops each; the double tree's busiest rank moves 4 S where every
+/// halving-doubling rank moves 3 S, and forced the tree took 1.53 ms against 1.13 (2026-11-27),
+/// where it had been taken as the first of equals.
 pub const TIE: f64 = 0.02;
 
 /// Estimated times of the schedule candidates, by (collective, size class): simulating them
@@ -249,10 +256,11 @@ impl Prices {
                     price_schedule(&plan.in_place(in_place), c, class, means, costs, hosts)
                 };
                 let price = match (at(false), at(true)) {
-                    (Some((o, ho)), Some((i, hi))) => Some(Price {
+                    (Some((o, (ho, bo))), Some((i, (hi, bi)))) => Some(Price {
                         out_of_place: o,
                         in_place: i,
                         hops: ho.max(hi),
+                        bytes: bo.max(bi),
                     }),
                     _ => None,
                 };
@@ -313,8 +321,9 @@ pub(crate) fn simulate(
 }
 
 /// The simulated time of `choice` for `plan` at the top of size class `class` (rooted at 0),
-/// with the measured link models, and the message hops on its critical path; `None` where a
-/// model is missing or there are too many ranks.
+/// with the measured link models, and (the message hops on its critical path, the bytes its
+/// busiest rank sends and receives); `None` where a model is missing or there are too many
+/// ranks.
 fn price_schedule(
     plan: &Plan,
     choice: Choice,
@@ -322,7 +331,7 @@ fn price_schedule(
     means: &Means,
     costs: &Costs,
     hosts: &Hosts,
-) -> Option<(f64, usize)> {
+) -> Option<(f64, (usize, usize))> {
     let n = hosts.nranks();
     if !(2..=MAX_PRICED_RANKS).contains(&n) || n != means.nranks {
         return None;
@@ -356,7 +365,7 @@ fn price_schedule(
         local
     };
     let elem = plan.dtype.size();
-    let run = |bytes: usize| -> Option<(f64, usize)> {
+    let run = |bytes: usize| -> Option<(f64, (usize, usize))> {
         let p = Plan {
             count: bytes.div_ceil(elem),
             ..*plan
@@ -372,7 +381,13 @@ fn price_schedule(
             model: local,
         };
         let report = sim::price_across(&schedules, p.dtype, &config, hosts, remote).ok()?;
-        Some((report.time, report.rounds))
+        let busiest = report
+            .ranks
+            .iter()
+            .map(|r| r.bytes_sent + r.bytes_received)
+            .max()
+            .unwrap_or(0);
+        Some((report.time, (report.rounds, busiest)))
     };
     let cap = (PRICE_WORK / n).clamp(2 * means.slice_bytes.max(1), 16 << 20);
     if top <= cap {
@@ -381,9 +396,9 @@ fn price_schedule(
     // Beyond the cap the pipelines are full and time grows linearly: the line through the
     // cap and half of it.
     let (half, _) = run(cap / 2)?;
-    let (full, hops) = run(cap)?;
+    let (full, path) = run(cap)?;
     let slope = ((full - half) / (cap - cap / 2) as f64).max(0.0);
-    Some((full + slope * (top - cap) as f64, hops))
+    Some((full + slope * (top - cap) as f64, path))
 }
 
 /// The route for `plan` on a communicator offering `means`, its ranks on `hosts`, configured
@@ -424,8 +439,8 @@ pub(crate) fn decide(
     let best = scheduled
         .iter()
         .filter_map(|&(c, p)| {
-            let (t, hops) = p.map(|p| (p.both(), p.hops))?;
-            (t <= cheapest * (1.0 + TIE)).then_some((c, t, hops))
+            let (t, path) = p.map(|p| (p.both(), (p.hops, p.bytes)))?;
+            (t <= cheapest * (1.0 + TIE)).then_some((c, t, path))
         })
         .min_by(|a, b| a.2.cmp(&b.2).then(a.1.total_cmp(&b.1)))
         .map(|(c, t, _)| (c, t));
@@ -1095,6 +1110,52 @@ mod tests {
     }
 
     /// Costs with link models only: shared memory fast, TCP `tcp_alpha` per message at 1 GB/s.
+    #[test]
+    fn among_schedules_priced_alike_the_one_moving_fewest_bytes_through_a_rank_is_taken() {
+        // 4 ranks of one host over TCP (the links a calibration measured on 2026-11-27): the
+        // host's network card bounds ring, tree and halving-doubling alike; tree and
+        // halving-doubling have 4 hops each, and the double tree's busiest rank moves 4 S to
+        // halving-doubling's 3 S.
+        let m = Means {
+            local: Some(LinkKind::Tcp),
+            ..means(4, false, false)
+        };
+        let costs = Costs::from_points("links", 4, [])
+            .with_link(
+                LinkKind::Tcp,
+                LinkCost {
+                    alpha: 1.2882e-5,
+                    beta: 2.7175e-10,
+                    stream: None,
+                },
+            )
+            .with_gamma(3.0067e-11)
+            .with_overhead(1.3533e-5);
+        let c = Config::default();
+        for bytes in [512usize << 10, 2 << 20] {
+            let plan = Plan::new(Collective::AllReduce, bytes / 4, DataType::F32);
+            let table = price(&plan, &m, &c, &costs);
+            let of = |a| {
+                table
+                    .iter()
+                    .find(|(r, _)| matches!(r, Route::Schedule(ch) if ch.algorithm == a))
+                    .and_then(|(_, t)| *t)
+                    .unwrap()
+            };
+            let (tree, hd) = (of(Algorithm::Tree), of(Algorithm::HalvingDoubling));
+            assert!((tree - hd).abs() <= hd * TIE, "{bytes}: {table:?}");
+            let d = decide(&plan, &m, &c, &costs);
+            let Route::Schedule(choice) = d.route else {
+                panic!("{bytes}: {d:?}")
+            };
+            assert_eq!(
+                choice.algorithm,
+                Algorithm::HalvingDoubling,
+                "{bytes}: {table:?}"
+            );
+        }
+    }
+
     fn linked(tcp_alpha: f64) -> Costs {
         Costs::from_points("links", 4, [])
             .with_link(
@@ -1138,7 +1199,8 @@ mod tests {
                 .unwrap()
                 .1
                 .unwrap();
-            // (Within the tie margin, fewer hops on the critical path win.)
+            // (Within the tie margin, fewer hops on the critical path, then fewer bytes through
+            // the busiest rank, win.)
             assert!(
                 mine <= best * (1.0 + TIE),
                 "{coll} {bytes}: {d} of {table:?}"

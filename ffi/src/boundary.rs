@@ -280,19 +280,16 @@ impl Region {
             ))
         };
         let end = self.start().checked_add(self.len).ok_or_else(unmapped)?;
-        // SAFETY: MS_ASYNC neither reads nor writes the range, nor changes a mapping.
-        match unsafe {
+        // SAFETY: MS_ASYNC neither reads nor writes the range, nor changes a mapping. ENOMEM
+        // (a page unmapped) and EINVAL (a range beyond the address space) say the same.
+        unsafe {
             rustix::mm::msync(
                 start as *mut c_void,
                 end - start,
                 rustix::mm::MsyncFlags::ASYNC,
             )
-        } {
-            Ok(()) => Ok(()),
-            Err(rustix::io::Errno::NOMEM) => Err(unmapped()),
-            // Any other refusal (EINVAL for a range beyond the address space) says the same.
-            Err(_) => Err(unmapped()),
         }
+        .map_err(|_| unmapped())
     }
 
     /// Fails if the two regions share a byte.

@@ -421,7 +421,8 @@ pub unsafe extern "C" fn oxcclSend(
         let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
-        let (ptr, len) = Region::new(sendbuff, len, "sendbuff").read()?;
+        let region = Region::new(sendbuff, len, "sendbuff");
+        let (ptr, len) = region.read()?;
         if crate::device::on_device(&entry, ptr.cast(), len, stream) {
             // SAFETY: the buffer contract: `sendbuff` holds `len` bytes.
             return unsafe {
@@ -434,7 +435,7 @@ pub unsafe extern "C" fn oxcclSend(
                 )
             };
         }
-        Region::new(sendbuff, len, "sendbuff").mapped()?;
+        region.mapped()?;
         let message = RawMessage {
             peer,
             send: true,
@@ -463,14 +464,15 @@ pub unsafe extern "C" fn oxcclRecv(
         let (entry, dtype, _, size) = prepare(comm, datatype)?;
         let peer = rank_arg("peer", peer, size)?;
         let len = byte_len("count", count, 1, dtype)?;
-        let (ptr, len) = Region::new(recvbuff, len, "recvbuff").write()?;
+        let region = Region::new(recvbuff, len, "recvbuff");
+        let (ptr, len) = region.write()?;
         if crate::device::on_device(&entry, ptr.cast_const().cast(), len, stream) {
             // SAFETY: the buffer contract: `recvbuff` holds `len` bytes.
             return unsafe {
                 crate::device::message(&entry, peer, false, (ptr.cast(), len, "recvbuff"), stream)
             };
         }
-        Region::new(recvbuff, len, "recvbuff").mapped()?;
+        region.mapped()?;
         let message = RawMessage {
             peer,
             send: false,

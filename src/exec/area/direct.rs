@@ -342,19 +342,18 @@ impl AreaPath {
                 // output lies 1-31 bytes further (3 ranks or more, placed differently) gets
                 // it through `tmp`, free again, placed at its offset (see `bounce`).
                 let remote = peer_addrs[q].1 + at;
-                let from: &[u8] = if slow_distance(remote, acc.as_ptr() as usize) {
-                    let t = same_page_offset(tmp_all, remote, len);
-                    // SAFETY: `t` and `acc` are ours, `len` bytes each, and disjoint.
-                    unsafe { oxccl_transport::shared::copy(t.as_mut_ptr(), acc.as_ptr(), len) };
-                    t
-                } else {
-                    acc
-                };
-                // SAFETY: `from` is ours; the peer keeps its output valid until every rank
-                // finishes this turn or stops touching it, and does not touch this range of
-                // it meanwhile.
-                unsafe { self.area.write_to(q, remote, from.as_ptr(), len) }
-                    .map_err(|e| self.reach_err(w, q, e))?;
+                let from = acc.as_ptr();
+                // SAFETY: `acc` is ours, disjoint from `tmp_all`; the peer keeps its output
+                // valid until every rank finishes this turn or stops touching it, and does
+                // not touch this range of it meanwhile.
+                unsafe {
+                    if slow_distance(remote, from as usize) {
+                        self.bounce_through(tmp_all, q, remote, len, Bounce::Write { from })
+                    } else {
+                        self.area.write_to(q, remote, from, len)
+                    }
+                }
+                .map_err(|e| self.reach_err(w, q, e))?;
             }
             at += len;
         }
@@ -512,6 +511,24 @@ impl AreaPath {
     ) -> std::io::Result<()> {
         let mut scratch = self.scratch();
         let buf = bytemuck::cast_slice_mut::<u64, u8>(&mut scratch[..]);
+        // SAFETY: the caller's contract; `buf` is ours.
+        unsafe { self.bounce_through(buf, q, remote, len, way) }
+    }
+
+    /// [`AreaPath::bounce`] through `buf` (at least [`PART_BYTES`] and a page long), for a
+    /// caller that holds the scratch already.
+    ///
+    /// # Safety
+    ///
+    /// As for [`AreaPath::bounce`], and the caller's memory is disjoint from `buf`.
+    unsafe fn bounce_through(
+        &self,
+        buf: &mut [u8],
+        q: Rank,
+        remote: usize,
+        len: usize,
+        way: Bounce,
+    ) -> std::io::Result<()> {
         let mut at = 0;
         while at < len {
             let l = PART_BYTES.min(len - at);

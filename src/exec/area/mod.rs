@@ -337,17 +337,7 @@ impl AreaPath {
             while t <= upto || (t < turn && self.area.published(r, t)) {
                 match self.differs(r, t) {
                     Ok(None) => {}
-                    Ok(Some((o, p))) => {
-                        // SAFETY: both published with the stamps observed, in area memory:
-                        // read once, as a copy (any bytes are a valid array).
-                        let (ours, theirs) = unsafe {
-                            (
-                                oxccl_transport::shared::read(o.desc),
-                                oxccl_transport::shared::read(p.desc),
-                            )
-                        };
-                        return Err(self.mismatch(w, r, &ours, &theirs));
-                    }
+                    Ok(Some(both)) => return Err(self.mismatch_published(w, r, both)),
                     Err(later) => {
                         // Nobody overwrites a turn this rank has not checked (see above),
                         // unless a process that is not playing by the protocol writes there.
@@ -380,6 +370,24 @@ impl AreaPath {
             (Some(o), Some(p)) if p.tag != o.tag || p.len != o.len => Some((o, p)),
             _ => None,
         })
+    }
+
+    /// [`AreaPath::mismatch`] of the two publications [`AreaPath::differs`] found.
+    fn mismatch_published(
+        &self,
+        w: &mut Waiter<'_>,
+        peer: Rank,
+        (o, p): (Published, Published),
+    ) -> Error {
+        // SAFETY: both published with the stamps observed, in area memory: read once, as a
+        // copy (any bytes are a valid array).
+        let (ours, theirs) = unsafe {
+            (
+                oxccl_transport::shared::read(o.desc),
+                oxccl_transport::shared::read(p.desc),
+            )
+        };
+        self.mismatch(w, peer, &ours, &theirs)
     }
 
     /// The error of a call whose descriptors (as published) differ from rank `peer`'s,
@@ -479,15 +487,8 @@ impl AreaPath {
             // slots, so look, and name the calls that differ as it did.
             let from = self.checked[peer].load(Ordering::Relaxed);
             for t in from..turn {
-                if let Ok(Some((o, p))) = self.differs(peer, t) {
-                    // SAFETY: as in `catch_up`.
-                    let (ours, theirs) = unsafe {
-                        (
-                            oxccl_transport::shared::read(o.desc),
-                            oxccl_transport::shared::read(p.desc),
-                        )
-                    };
-                    return Err(self.mismatch(w, peer, &ours, &theirs));
+                if let Ok(Some(both)) = self.differs(peer, t) {
+                    return Err(self.mismatch_published(w, peer, both));
                 }
             }
             let cause = if origin == peer || origin == self.rank {

@@ -142,18 +142,13 @@ impl Communicator {
             } else {
                 totals[t].2 += len as u64;
             }
-            let mut off = 0;
-            while off < len {
-                let n = slice.min(len - off);
-                // SAFETY: off + n <= len, within the caller's buffer.
-                let at = unsafe { ptr.add(off) };
+            if len > 0 {
                 messages.push(Message {
                     peer,
                     send,
-                    ptr: at,
-                    len: n,
+                    ptr,
+                    len,
                 });
-                off += n;
             }
         }
         if totals.is_empty() {
@@ -178,6 +173,7 @@ impl Communicator {
             name: OpName::PointToPoint(peers),
             work: Work::PointToPoint {
                 messages,
+                slice,
                 descriptors,
             },
             input: (std::ptr::null(), 0),

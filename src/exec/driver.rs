@@ -39,7 +39,7 @@ use super::backoff::{Backoff, Phase};
 use super::descriptor::{self, Descriptor};
 use super::flags::Flags;
 use super::notice;
-use super::op::{OpName, OpResult, Operation, Work};
+use super::op::{Message, OpName, OpResult, Operation, Work};
 use super::progress::{Action, Progress};
 use crate::algo::{Buffer, Op, Plan, Region};
 use crate::error::{Error, Result};
@@ -100,6 +100,113 @@ fn split_token(t: Token) -> (u64, u64, usize) {
     (t >> 40, (t >> 32) & 0xFF, (t & 0xFFFF_FFFF) as usize)
 }
 
+/// The most bytes of a point-to-point group's messages to or from one peer, in one direction,
+/// posted and not yet completed (at least [`MIN_IN_FLIGHT`] slices, at most [`MAX_IN_FLIGHT`]):
+/// enough to keep a link busy, and what the engine and the link queue for a group stays bounded
+/// however long its messages are and however small the slices.
+const IN_FLIGHT_BYTES: usize = 16 << 20;
+const MIN_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// The messages of a point-to-point group to or from one peer in one direction, in the
+/// caller's order, posted a slice at a time (in that order, as the peer posts the other side),
+/// at most `window` in flight.
+struct Queue {
+    peer: Rank,
+    send: bool,
+    /// The messages: memory and length.
+    items: Vec<(*mut u8, usize)>,
+    /// The next slice: message `at`, from byte `off`.
+    at: usize,
+    off: usize,
+    in_flight: usize,
+    window: usize,
+    slice: usize,
+}
+
+impl Queue {
+    /// Per peer and direction, in order of first appearance, the non-empty messages of `ms`.
+    fn of(ms: &[Message], slice: usize) -> Vec<Queue> {
+        let slice = slice.max(1);
+        let window = (IN_FLIGHT_BYTES / slice).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT);
+        let mut queues: Vec<Queue> = Vec::new();
+        for m in ms.iter().filter(|m| m.len > 0) {
+            let q = match queues
+                .iter()
+                .position(|q| q.peer == m.peer && q.send == m.send)
+            {
+                Some(q) => q,
+                None => {
+                    queues.push(Queue {
+                        peer: m.peer,
+                        send: m.send,
+                        items: Vec::new(),
+                        at: 0,
+                        off: 0,
+                        in_flight: 0,
+                        window,
+                        slice,
+                    });
+                    queues.len() - 1
+                }
+            };
+            queues[q].items.push((m.ptr, m.len));
+        }
+        queues
+    }
+
+    /// Whether every slice was posted.
+    fn posted(&self) -> bool {
+        self.at >= self.items.len()
+    }
+
+    /// The next slice to post, if the window has room: its memory and length.
+    fn next(&mut self) -> Option<(*mut u8, usize)> {
+        if self.in_flight >= self.window {
+            return None;
+        }
+        let &(ptr, len) = self.items.get(self.at)?;
+        let n = self.slice.min(len - self.off);
+        // SAFETY: `off + n <= len`: within the caller's message.
+        let p = unsafe { ptr.add(self.off) };
+        self.off += n;
+        if self.off == len {
+            (self.at, self.off) = (self.at + 1, 0);
+        }
+        self.in_flight += 1;
+        Some((p, n))
+    }
+}
+
+/// Posts what `q`'s window has room for on `link` (tokens carry the queue's index); counts
+/// each in `outstanding`.
+fn feed(
+    link: &mut dyn Link,
+    serial: u64,
+    (index, q): (usize, &mut Queue),
+    outstanding: &mut usize,
+) -> std::result::Result<(), TransportError> {
+    let t = token(serial, KIND_MESSAGE, index);
+    while let Some((ptr, len)) = q.next() {
+        *outstanding += 1;
+        // SAFETY: the submitter keeps the message memory valid until the result is set; links
+        // are cancelled before that on failure.
+        unsafe {
+            if q.send {
+                link.post_send(t, SendBuf::new(ptr, len))?;
+            } else {
+                link.post_recv(t, RecvInto::Memory(RecvBuf::new(ptr, len)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+// SAFETY: a queue's pointers are a running point-to-point operation's messages (see
+// `Operation`'s Send): memory its submitter keeps valid until the result is set, dereferenced
+// only by links while the engine runs the operation.
+unsafe impl Send for Queue {}
+
 /// The running operation's state.
 struct Running {
     op: Operation,
@@ -112,8 +219,10 @@ struct Running {
     desc_out: Vec<(Rank, [u8; descriptor::LEN])>,
     desc_in: Vec<(Rank, [u8; descriptor::LEN], bool)>,
     /// Completions still expected outside the schedule: descriptor sends and receives, and
-    /// point-to-point messages.
+    /// point-to-point slices.
     outstanding: usize,
+    /// A point-to-point group's messages, per peer and direction.
+    queues: Vec<Queue>,
 }
 
 impl Running {
@@ -125,6 +234,12 @@ impl Running {
             .find(|(_, _, got)| !got)
             .map(|(p, _, _)| *p)
             .or_else(|| self.progress.as_ref().and_then(|p| p.waiting_for().next()))
+            .or_else(|| {
+                self.queues
+                    .iter()
+                    .find(|q| q.in_flight > 0 || !q.posted())
+                    .map(|q| q.peer)
+            })
     }
 }
 
@@ -420,7 +535,9 @@ impl Engine {
         moved |= self.act();
         moved |= self.poll_links();
         if let Some(r) = &self.running {
-            let done = r.outstanding == 0 && r.progress.as_ref().is_none_or(|p| p.is_done());
+            let done = r.outstanding == 0
+                && r.progress.as_ref().is_none_or(|p| p.is_done())
+                && r.queues.iter().all(Queue::posted);
             if done {
                 let r = self.running.take().expect("checked");
                 r.op.settle(&self.recorder, Ok(()));
@@ -560,6 +677,7 @@ impl Engine {
             desc_out: Vec::new(),
             desc_in: Vec::new(),
             outstanding: 0,
+            queues: Vec::new(),
             op,
         };
         let (peers, descs): (Vec<Rank>, Vec<Descriptor>) = match &running.op.work {
@@ -645,24 +763,17 @@ impl Engine {
                 return;
             }
         }
-        if let Work::PointToPoint { messages, .. } = &running.op.work {
-            for (i, m) in messages.iter().enumerate() {
-                let Some(link) = self.links.get_mut(m.peer).and_then(Option::as_mut) else {
+        if let Work::PointToPoint {
+            messages, slice, ..
+        } = &running.op.work
+        {
+            running.queues = Queue::of(messages, *slice);
+            for (i, q) in running.queues.iter_mut().enumerate() {
+                let Some(link) = self.links.get_mut(q.peer).and_then(Option::as_mut) else {
                     continue;
                 };
-                let t = token(serial, KIND_MESSAGE, i);
-                // SAFETY: the submitter keeps the message memory valid until the result is set;
-                // links are dropped before that on failure.
-                let r = unsafe {
-                    if m.send {
-                        link.post_send(t, SendBuf::new(m.ptr, m.len))
-                    } else {
-                        link.post_recv(t, RecvInto::Memory(RecvBuf::new(m.ptr, m.len)))
-                    }
-                };
-                running.outstanding += 1;
-                if let Err(e) = r {
-                    let peer = m.peer;
+                if let Err(e) = feed(link.as_mut(), serial, (i, q), &mut running.outstanding) {
+                    let peer = q.peer;
                     self.running = Some(running);
                     self.link_failed(peer, e);
                     return;
@@ -873,7 +984,21 @@ impl Engine {
             return Ok(()); // a completion of an earlier operation: cannot happen, ignore
         }
         match kind {
-            KIND_DESC_SEND | KIND_MESSAGE => r.outstanding -= 1,
+            KIND_DESC_SEND => r.outstanding -= 1,
+            KIND_MESSAGE => {
+                r.outstanding -= 1;
+                let serial = r.serial;
+                let Some(q) = r.queues.get_mut(index) else {
+                    return Ok(());
+                };
+                q.in_flight = q.in_flight.saturating_sub(1);
+                let peer = q.peer;
+                if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut)
+                    && let Err(e) = feed(link.as_mut(), serial, (index, q), &mut r.outstanding)
+                {
+                    return Err(self.transport_error(peer, e));
+                }
+            }
             KIND_DESC_RECV => {
                 r.outstanding -= 1;
                 let (peer, buf, got) = &mut r.desc_in[index];

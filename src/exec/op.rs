@@ -91,8 +91,12 @@ pub enum Work {
     /// Point-to-point messages, all posted at once (so paired sends and receives cannot
     /// deadlock), after exchanging a descriptor with each peer.
     PointToPoint {
-        /// The messages, each at most one slice.
+        /// The messages, whole and in the caller's order: the engine posts them a slice at a
+        /// time, a bounded number in flight per peer and direction (so what it holds does not
+        /// grow with the messages' length).
         messages: Vec<Message>,
+        /// The longest slice a link carries.
+        slice: usize,
         /// Per peer, this rank's descriptor for the group.
         descriptors: Vec<(Rank, Descriptor)>,
     },

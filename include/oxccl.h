@@ -640,8 +640,8 @@ oxcclResult_t oxcclGroupStart(void);
 // Ends a group. The outermost end creates the group's communicators, then starts every
 // operation of the group and, for blocking communicators, waits for them all; with a
 // non-blocking communicator among them it returns `oxcclInProgress` (see
-// `oxcclCommGetAsyncError`). Returns the first failure, or that of a call inside the group
-// (then nothing ran).
+// `oxcclCommGetAsyncError`). Returns the first failure, or that of a call the group kept (a
+// collective, send, receive or creation; then nothing ran).
 oxcclResult_t oxcclGroupEnd(void);
 
 // Makes a pre-multiplied sum on `comm`: each rank's input is multiplied by the scalar (of

@@ -113,9 +113,40 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> Outcome) -> oxcclResult_t
     // `oxcclInProgress` is not a failure: the last error stays what it was.
     if failure.code != oxcclInProgress {
         set_last_error(&format!("{name}: {}", failure.message));
-        crate::dispatch::note_failure(&failure);
+        if joins_group(name) {
+            crate::dispatch::note_failure(&failure);
+        }
     }
     failure.code
+}
+
+/// Whether the exported function `name` is kept by an open group (a collective, a send or a
+/// receive, a communicator's creation), so that its failure fails the group's `oxcclGroupEnd`
+/// as in NCCL. Other calls inside a group — queries, registration, `oxcclCommDestroy` — report
+/// their own failure and leave the group's work alone.
+fn joins_group(name: &str) -> bool {
+    const KEPT: [&str; 19] = [
+        "oxcclAllReduce",
+        "oxcclBroadcast",
+        "oxcclBcast",
+        "oxcclReduce",
+        "oxcclAllGather",
+        "oxcclReduceScatter",
+        "oxcclAlltoAll",
+        "oxcclGather",
+        "oxcclScatter",
+        "oxcclSend",
+        "oxcclRecv",
+        "oxcclBarrier",
+        "oxcclCommInitRank",
+        "oxcclCommInitRankConfig",
+        "oxcclCommInitRankScalable",
+        "oxcclCommInitAll",
+        "oxcclCommInitFromEnv",
+        "oxcclCommSplit",
+        "oxcclCommShrink",
+    ];
+    KEPT.contains(&name)
 }
 
 /// Records `message` as this thread's last error.

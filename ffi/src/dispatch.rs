@@ -12,8 +12,9 @@
 //!   communicators of `oxcclCommInitAll`), and paired sends and receives cannot deadlock: a
 //!   communicator's sends and receives of one group go as one batch.
 //!
-//! If a call inside a group fails, `oxcclGroupEnd` runs none of the group's work and returns
-//! that failure.
+//! If a call the group keeps (a collective, a send or receive, a communicator's creation) fails
+//! inside it, `oxcclGroupEnd` runs none of the group's work and returns that failure; other
+//! calls that fail inside a group (queries, registration) fail alone, as in NCCL.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -307,8 +308,8 @@ pub extern "C" fn oxcclGroupStart() -> oxcclResult_t {
 /// Ends a group. The outermost end creates the group's communicators, then starts every
 /// operation of the group and, for blocking communicators, waits for them all; with a
 /// non-blocking communicator among them it returns `oxcclInProgress` (see
-/// `oxcclCommGetAsyncError`). Returns the first failure, or that of a call inside the group
-/// (then nothing ran).
+/// `oxcclCommGetAsyncError`). Returns the first failure, or that of a call the group kept (a
+/// collective, send, receive or creation; then nothing ran).
 #[unsafe(no_mangle)]
 pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
     guard("oxcclGroupEnd", || {

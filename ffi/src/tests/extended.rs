@@ -141,6 +141,29 @@ fn a_failed_call_inside_a_group_runs_nothing() {
     destroy(comms);
 }
 
+/// A call that a group does not keep (a query, here with a NULL out-pointer) fails on its own,
+/// as in NCCL: the group's kept work still runs at `oxcclGroupEnd`.
+#[test]
+fn a_failed_query_inside_a_group_leaves_the_group_alone() {
+    let comms = init_all(2);
+    let mut bufs = [[1.0f32; 4], [2.0f32; 4]];
+    ok(oxcclGroupStart());
+    for (r, b) in bufs.iter_mut().enumerate() {
+        let p = void_mut(b);
+        // SAFETY: the buffer holds 4 floats, untouched until oxcclGroupEnd.
+        ok(unsafe { oxcclAllReduce(p, p, 4, oxcclFloat32, oxcclSum, comms[r].get(), null_mut()) });
+    }
+    // SAFETY: NULL is the error under test.
+    fails(
+        unsafe { oxcclCommCount(comms[0].get(), null_mut()) },
+        oxcclInvalidArgument,
+        "count",
+    );
+    ok(oxcclGroupEnd());
+    assert_eq!(bufs, [[3.0; 4], [3.0; 4]]);
+    destroy(comms);
+}
+
 #[test]
 fn sends_and_receives_shift_a_ring_in_one_group() {
     let n = 4;

@@ -439,6 +439,25 @@ fn ranks_on_hosts_price_remote_links_apart_and_share_a_hosts_bus() {
         .unwrap()
         .time;
     assert!(close(together, 1e-6 + 2000.0 * 1e-9), "{together}");
+    // Unless the model says its links are not the bus (TCP between ranks of one host: each
+    // rank's own ports, as between hosts).
+    let own_ports = SimConfig {
+        model: LinkModel {
+            bus: false,
+            ..local
+        },
+        ..SimConfig::default()
+    };
+    let together = sim::price_across(
+        &schedules,
+        DataType::U8,
+        &own_ports,
+        &Hosts::single(2),
+        remote,
+    )
+    .unwrap()
+    .time;
+    assert!(close(together, 1e-6 + 1000.0 * 1e-9), "{together}");
     // Two ranks of a host sending to two of another at once take turns on its card.
     let to = |peer| {
         Schedule::from_steps(

@@ -51,6 +51,10 @@ pub struct LinkModel {
     pub copy: f64,
     /// Seconds of the rank's processor per message sent and per message received.
     pub overhead: f64,
+    /// Whether messages under this model between ranks of one host take turns on the host's
+    /// memory bus (copies through shared memory), or use each rank's own ports (a network
+    /// stack, whose copies run on the sending and the receiving rank's cores).
+    pub bus: bool,
 }
 
 impl LinkModel {
@@ -62,6 +66,7 @@ impl LinkModel {
             gamma: 0.0,
             copy: 0.0,
             overhead: 0.0,
+            bus: true,
         }
     }
 }
@@ -488,8 +493,10 @@ impl<'a> Sim<'a> {
                             Some((h, _)) => {
                                 let (a, b) = (h.host(key.0 as usize), h.host(key.1 as usize));
                                 let (bus, card) = (n + a, n + h.count());
-                                if a == b {
+                                if a == b && config.model.bus {
                                     (0, (bus as u32, bus as u32), true)
+                                } else if a == b {
+                                    (0, key, false)
                                 } else {
                                     (1, ((card + a) as u32, (card + b) as u32), false)
                                 }

@@ -342,7 +342,8 @@ fn price_schedule(
         1usize << (class - 1).min(40)
     };
     let model = |kind: Option<LinkKind>| -> Option<LinkModel> {
-        let l = costs.link(kind?)?;
+        let kind = kind?;
+        let l = costs.link(kind)?;
         // Copies in memory run at about the rate of folds (both stream through the cache).
         let gamma = costs.gamma().unwrap_or(0.0);
         Some(LinkModel {
@@ -352,6 +353,12 @@ fn price_schedule(
             gamma,
             copy: gamma,
             overhead: costs.overhead().unwrap_or(0.0),
+            // TCP between ranks of one host (loopback) is bound by each stream's latency and
+            // its two ranks' cores, not by the memory bus: two ranks exchanging 128 KiB over
+            // it took 53–84 µs, where one way alone is priced 55 µs and a shared bus would
+            // make it 100 (2026-11-28, `OXCCL_TRANSPORTS=tcp allreduce-perf --ranks 2
+            // --algo direct`).
+            bus: kind != LinkKind::Tcp,
         })
     };
     let local = if means.per_host >= 2 {
@@ -1112,17 +1119,18 @@ mod tests {
     /// Costs with link models only: shared memory fast, TCP `tcp_alpha` per message at 1 GB/s.
     #[test]
     fn among_schedules_priced_alike_the_one_moving_fewest_bytes_through_a_rank_is_taken() {
-        // 4 ranks of one host over TCP (the links a calibration measured on 2026-11-27): the
-        // host's network card bounds ring, tree and halving-doubling alike; tree and
+        // 4 ranks of one host over its shared-memory links (the α, β and overhead a
+        // calibration measured for TCP on 2026-11-27, but on the host's bus): the bus bounds
+        // ring, tree and halving-doubling alike, each moving 6 S through it; tree and
         // halving-doubling have 4 hops each, and the double tree's busiest rank moves 4 S to
         // halving-doubling's 3 S.
         let m = Means {
-            local: Some(LinkKind::Tcp),
+            local: Some(LinkKind::Shm),
             ..means(4, false, false)
         };
         let costs = Costs::from_points("links", 4, [])
             .with_link(
-                LinkKind::Tcp,
+                LinkKind::Shm,
                 LinkCost {
                     alpha: 1.2882e-5,
                     beta: 2.7175e-10,
@@ -1152,6 +1160,43 @@ mod tests {
                 choice.algorithm,
                 Algorithm::HalvingDoubling,
                 "{bytes}: {table:?}"
+            );
+        }
+    }
+
+    /// Two ranks of one host over TCP (loopback): each rank's transfers use its own ports, not
+    /// the host's memory bus, so one exchange of the whole buffer (direct) costs one message
+    /// time, cheaper than the ring's two of half the buffer. Priced on the bus, direct came out
+    /// dearer at 128 KiB and the ring was taken: 101–111 µs where direct took 56–60 (2026-11-27).
+    #[test]
+    fn two_ranks_of_a_host_over_tcp_exchange_whole_buffers_at_mid_sizes() {
+        let m = Means {
+            local: Some(LinkKind::Tcp),
+            ..means(2, false, false)
+        };
+        // The links a calibration measured on 2026-11-28 (`OXCCL_TRANSPORTS=tcp`).
+        let costs = Costs::from_points("links", 2, [])
+            .with_link(
+                LinkKind::Tcp,
+                LinkCost {
+                    alpha: 1.2988e-5,
+                    beta: 3.1731e-10,
+                    stream: None,
+                },
+            )
+            .with_gamma(3.0288e-11);
+        let c = Config::default();
+        for bytes in [128usize << 10, 512 << 10] {
+            let plan = Plan::new(Collective::AllReduce, bytes / 4, DataType::F32);
+            let d = decide(&plan, &m, &c, &costs);
+            let Route::Schedule(choice) = d.route else {
+                panic!("{bytes}: {d:?}")
+            };
+            assert_eq!(
+                choice.algorithm,
+                Algorithm::Direct,
+                "{bytes}: {:?}",
+                price(&plan, &m, &c, &costs)
             );
         }
     }
@@ -1307,6 +1352,7 @@ mod tests {
                 gamma: costs.gamma().unwrap(),
                 copy: costs.gamma().unwrap(),
                 overhead: 0.0,
+                bus: false,
             };
             let schedules: Vec<_> = (0..8)
                 .map(|r| algo::schedule_on(&plan, &choice, r, &hosts).unwrap())

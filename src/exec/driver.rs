@@ -663,7 +663,8 @@ impl Engine {
         }
     }
 
-    /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, every message).
+    /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, the first window
+    /// of its messages per peer and direction; each completion posts the next slice).
     fn start(&mut self, op: Operation) {
         self.recorder.start(op.mark);
         self.serial = self.serial.wrapping_add(1);

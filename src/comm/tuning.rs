@@ -88,6 +88,35 @@ fn fit_alpha_and_overhead(
 /// Batches a calibration times each measurement in (see `Communicator::time`).
 const BATCHES: usize = 5;
 
+/// A way's measured points: (bytes, seconds per call), ascending by size.
+type Curve = Vec<(usize, f64)>;
+
+/// Passes a calibration makes over its grid, each point keeping its fastest (see
+/// `Communicator::measure`).
+const PASSES: usize = 3;
+
+/// Calls to time a point with in pass `pass`, for a point worth `calls` calls of the budget
+/// (at least 3, at most 100 in all): a share of them in every pass, or, for a point too long
+/// to time 3 calls a pass (large sizes, whose calls already span many of the machine's
+/// swings), all of them in the first pass only. `None`: not in this pass.
+fn pass_iters(calls: usize, pass: usize) -> Option<usize> {
+    let calls = calls.clamp(3, 100);
+    if calls >= 3 * PASSES {
+        Some(calls.div_ceil(PASSES))
+    } else {
+        (pass == 0).then_some(calls)
+    }
+}
+
+/// Records time `t` of `bytes` in `points` (ascending by size, one entry per size), keeping
+/// the fastest of the passes.
+fn keep_fastest(points: &mut Curve, bytes: usize, t: f64) {
+    match points.iter_mut().find(|(b, _)| *b == bytes) {
+        Some((_, best)) => *best = best.min(t),
+        None => points.push((bytes, t)),
+    }
+}
+
 impl Default for Calibration {
     /// 8 B, 1 KiB, and 4 KiB to 64 MiB by factors of 2, at most 64 MiB per buffer: about
     /// four seconds on 2 ranks. Times are not linear in size where the data leaves a cache
@@ -392,7 +421,19 @@ impl Communicator {
         // place took another route than out of place at 4-7 (mean 6) of the 49 points from 8 B
         // to 64 KiB of 4 calibrations (collectives other than all-to-all, whose placements do
         // differ); side by side, at 2-6 (mean 4) in 3 (2 ranks, 2026-11-27).
-        let mut curves = Vec::new();
+        //
+        // And the grid is timed in [`PASSES`] passes, each point keeping its fastest: this VM's
+        // 2 cores swing for seconds at a time between two speeds of moving data from one to the
+        // other (`tools/perf/c2c_phases.c`: 15-20 against 60-90 µs rounds), and in the slow
+        // one the ways of one size come out alike — 11.7, 12.0 and 12.5 µs for the direct,
+        // two-shot and one-shot all-reduce of 32 KiB in place, where in the fast one
+        // two-shot takes 4.4 µs and direct 10.5 — so a calibration that met the slow one at
+        // a size took a way up to 2.4 times slower than the best there (2026-11-28). A point
+        // needs one pass in the fast speed to be priced from it. Five calibrations of each kind,
+        // interleaved, on 2 ranks: all five took the same way at 209 of the 262 (collective,
+        // placement, size) points with three passes, at 124 with one, in about the same time
+        // (4.8 and 4.4 s).
+        let mut tables: Vec<(Vec<Key>, Vec<Curve>)> = Vec::new();
         for collective in AREA_COLLECTIVES {
             let mut keys = Vec::new();
             for way in Way::ALL {
@@ -409,32 +450,43 @@ impl Communicator {
                     }));
                 }
             }
-            let mut points: Vec<Vec<(usize, f64)>> = vec![Vec::new(); keys.len()];
-            for &bytes in &sizes {
-                let whole = match collective {
-                    Collective::AllGather
-                    | Collective::ReduceScatter
-                    | Collective::Gather
-                    | Collective::Scatter
-                    | Collective::AllToAll => bytes.saturating_mul(n),
-                    _ => bytes,
-                };
-                if whole > c.max_buffer || bytes % 4 != 0 {
-                    continue;
-                }
-                for (key, points) in keys.iter().zip(&mut points) {
-                    if key.way == Way::OneShot && bytes > AREA_BYTES {
+            let points = vec![Vec::new(); keys.len()];
+            tables.push((keys, points));
+        }
+        for pass in 0..PASSES {
+            for (keys, points) in &mut tables {
+                let collective = keys.first().map_or(Collective::AllReduce, |k| k.collective);
+                for &bytes in &sizes {
+                    let whole = match collective {
+                        Collective::AllGather
+                        | Collective::ReduceScatter
+                        | Collective::Gather
+                        | Collective::Scatter
+                        | Collective::AllToAll => bytes.saturating_mul(n),
+                        _ => bytes,
+                    };
+                    if whole > c.max_buffer || bytes % 4 != 0 {
                         continue;
                     }
-                    let plan =
-                        Plan::new(collective, bytes / 4, DataType::F32).in_place(key.in_place);
-                    let iters = (c.budget / bytes.max(1)).clamp(3, 100);
-                    let t = self.time(&plan, Route::Area(key.way), iters, (&mut a, &mut b))?;
-                    points.push((bytes, t));
+                    let Some(iters) = pass_iters(c.budget / bytes.max(1), pass) else {
+                        continue;
+                    };
+                    for (key, points) in keys.iter().zip(points.iter_mut()) {
+                        if key.way == Way::OneShot && bytes > AREA_BYTES {
+                            continue;
+                        }
+                        let plan =
+                            Plan::new(collective, bytes / 4, DataType::F32).in_place(key.in_place);
+                        let t = self.time(&plan, Route::Area(key.way), iters, (&mut a, &mut b))?;
+                        keep_fastest(points, bytes, t);
+                    }
                 }
             }
-            curves.extend(keys.into_iter().zip(points));
         }
+        let curves: Vec<(Key, Curve)> = tables
+            .into_iter()
+            .flat_map(|(keys, points)| keys.into_iter().zip(points))
+            .collect();
         let source = format!(
             "calibrated on {}, {n} ranks, oxccl {}",
             self.inner.topo.hosts[0],
@@ -653,7 +705,35 @@ fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::fit_alpha_and_overhead;
+    use super::{PASSES, fit_alpha_and_overhead, keep_fastest, pass_iters};
+
+    #[test]
+    fn short_points_are_timed_in_every_pass_and_long_ones_once() {
+        // An 8-byte point (the budget allows 100 calls, the most): a third in each pass.
+        let small: Vec<_> = (0..PASSES).map(|p| pass_iters(1 << 22, p)).collect();
+        assert_eq!(small, vec![Some(34); PASSES]);
+        // Budget for 9 calls: 3 a pass, the fewest a pass times.
+        assert!((0..PASSES).all(|p| pass_iters(9, p) == Some(3)));
+        // Budget for 8 calls, or for none (a point larger than the budget): all of them, at
+        // least 3, in the first pass.
+        for calls in [8, 1, 0] {
+            assert_eq!(pass_iters(calls, 0), Some(calls.max(3)));
+            assert!((1..PASSES).all(|p| pass_iters(calls, p).is_none()));
+        }
+    }
+
+    #[test]
+    fn each_point_keeps_the_fastest_of_its_passes() {
+        let mut points = Vec::new();
+        // Pass 1 met the slow speed at 32 KiB, pass 2 at 8 bytes.
+        for (bytes, t) in [(8, 0.3e-6), (32768, 12.0e-6)] {
+            keep_fastest(&mut points, bytes, t);
+        }
+        for (bytes, t) in [(8, 0.9e-6), (32768, 4.4e-6)] {
+            keep_fastest(&mut points, bytes, t);
+        }
+        assert_eq!(points, vec![(8, 0.3e-6), (32768, 4.4e-6)]);
+    }
 
     #[test]
     fn the_fit_recovers_the_scale_and_overhead_that_made_the_times() {

@@ -2,10 +2,11 @@
 # All-reduce across simulated hosts (tools/sim-hosts/hosts.sh), in one run per link rate:
 # one TCP stream between two hosts (tcp_stream.py), 2 hosts x 1 rank, and 2 hosts x 2 ranks
 # with the tuner's route and with every algorithm forced (hierarchical, ring, direct, hd,
-# tree). The tuner runs on a calibration of these links made just before (allreduce-perf
-# --calibrate on each layout, cached in the results directory). Prints, per size, the time of
-# each (out of place; in place in brackets for the tuner's rows), the tuner's pick and how it compares with the fastest forced algorithm
-# (target: within 10%, or 2 µs), and at the end the issue's ratios: 8 B on 2 x 2 against
+# tree), each a run of its own per size, interleaved size by size. The tuner runs on a
+# calibration of these links made just before (allreduce-perf --calibrate on each layout,
+# cached in the results directory). Prints, per size, the time of each (out of place; in place
+# in brackets for the tuner's rows), the tuner's pick and how it compares with the fastest
+# forced algorithm (target: within 10%, or 2 µs), and at the end the issue's ratios: 8 B on 2 x 2 against
 # 2 x 1, and the largest size's bus bandwidth against the stream.
 #
 # The hosts keep the machine's real boot id (hosts.sh --real-boot-id): they share its 2 cores,
@@ -21,6 +22,13 @@ while getopts "b:e:R:" o; do
   case $o in b) rates+=("$OPTARG");; e) max=$OPTARG;; R) repeats=$OPTARG;; *) exit 2;; esac
 done
 [ ${#rates[@]} -gt 0 ] || rates=(none)
+# Sizes from 8 bytes by factors of 8 up to max.
+max_bytes=$(python3 -c 'import sys
+s = sys.argv[1].upper()
+m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+print(int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s))' "$max")
+sizes=()
+for ((s = 8; s <= max_bytes; s *= 8)); do sizes+=("$s"); done
 cargo build --release -q -p allreduce-perf
 perf="$PWD/target/release/allreduce-perf"
 hosts="$PWD/tools/sim-hosts/hosts.sh"
@@ -46,14 +54,27 @@ for rate in "${rates[@]}"; do
       "${shape[@]}" -t 600 -- "$rank_sh" "$perf" -b 8 -e 8 --calibrate >/dev/null 2>&1
     grep -h "^link\|^fold" "$out/costs-$rate-$layout.txt" | sed "s/^/# $layout calibrated: /"
   done
-  for setup in "2x1 auto" "2x2 auto" "2x2 hierarchical" "2x2 ring" "2x2 direct" "2x2 hd" \
-      "2x2 tree"; do
+  # Size by size, every setup one after another, the order turned by one at each size: this
+  # VM's slow and fast streaks (seconds long) then hit the setups of one size alike, where
+  # whole sweeps one setup after another put minutes between them.
+  setups=("2x1 auto" "2x2 auto" "2x2 hierarchical" "2x2 ring" "2x2 direct" "2x2 hd" "2x2 tree")
+  turn=0
+  for size in "${sizes[@]}"; do
+    for ((i = 0; i < ${#setups[@]}; i++)); do
+      read -r layout algo <<<"${setups[$(((i + turn) % ${#setups[@]}))]}"
+      n=${layout%x*}; r=${layout#*x}
+      OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q \
+        --real-boot-id "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
+        -b "$size" -e "$size" -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" \
+        --csv "$PWD/$out/one.csv" 2>/dev/null >>"$out/$rate-$layout-$algo.txt"
+      csv=$out/$rate-$layout-$algo.csv
+      if [ -e "$csv" ]; then tail -n +2 "$out/one.csv" >>"$csv"; else cp "$out/one.csv" "$csv"; fi
+    done
+    turn=$((turn + 1))
+  done
+  rm -f "$out/one.csv"
+  for setup in "${setups[@]}"; do
     read -r layout algo <<<"$setup"
-    n=${layout%x*}; r=${layout#*x}
-    OXCCL_TUNE_FILE="$PWD/$out/costs-$rate-$layout.txt" bash "$hosts" -n "$n" -r "$r" -q --real-boot-id \
-      "${shape[@]}" -t 600 -- "$rank_sh" "$perf" \
-      -b 8 -e "$max" -f 8 -w 5 -n 20 -R "$repeats" --min-time 0.2 --algo "$algo" \
-      --csv "$PWD/$out/$rate-$layout-$algo.csv" 2>/dev/null >"$out/$rate-$layout-$algo.txt"
     grep -m1 "Rank  0" "$out/$rate-$layout-$algo.txt" | sed "s/^/# $layout $algo: /"
   done
   python3 - "$out" "$rate" <<'PY'

@@ -3,10 +3,11 @@
 # candidate forced — over shm the ways through the shared group area (OXCCL_AREA_WAY) and the
 # schedules over the shared-memory links (OXCCL_ALGO), which the tuner prices too; with -t tcp
 # the schedules over TCP links (OXCCL_ALGO: ring, tree, hd, direct) — the tuner with the
-# defaults, and the tuner with a calibration run on this machine just before, all interleaved
-# round by round. Columns named area-<way> and link-<algorithm>. Prints, per size and placement, each way's time, what the tuner picked and how
-# its time compares with the measured best (target: within 10%, or 2 µs for sizes that take
-# less than 20 µs).
+# defaults, and the tuner with a calibration run on this machine just before, each a run of
+# its own per size, interleaved size by size (see below). Columns named area-<way> and
+# link-<algorithm>. Prints, per size and placement, each way's time, what the tuner picked and
+# how its time compares with the measured best (target: within 10%, or 2 µs for sizes that
+# take less than 20 µs).
 #
 # usage: tools/perf/tuner-check.sh [-r ROUNDS=3] [-n RANKS=2] [-o COLLECTIVE=all_reduce]
 #                                  [-e MAXBYTES=256M] [-t TRANSPORT=shm|tcp]
@@ -41,22 +42,43 @@ OUT=$PWD/target/perf/tuner-$COLL-$TRANSPORT-${RANKS}r-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
 cargo build --release -q -p allreduce-perf
 PERF=target/release/allreduce-perf
-ARGS=(--ranks "$RANKS" -o "$COLL" -b 8 -e "$MAX" -f 4 -w 3 -R 3 --min-time 0.1)
+ARGS=(--ranks "$RANKS" -o "$COLL" -w 3 -R 3 --min-time 0.1)
 # The calibration the calibrated tuner uses, cached in the results directory.
 OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" --ranks "$RANKS" -b 8 -e 8 --calibrate \
   > /dev/null 2> "$OUT/calibrate.log"
 grep -h "tuner costs" "$OUT/calibrate.log" || true
+# Sizes from 8 bytes by factors of 4 up to MAX.
+max_bytes=$(python3 -c 'import sys
+s = sys.argv[1].upper()
+m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+print(int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s))' "$MAX")
+SIZES=()
+for ((s = 8; s <= max_bytes; s *= 4)); do SIZES+=("$s"); done
+# Size by size, every way and both tuners one after another (each run a few seconds), the
+# order turned by one at each size: this VM's slow and fast streaks, which flip within a
+# minute, then hit the candidates of one size alike. (Whole sweeps one way after another put
+# a minute between two candidates of one size; on 2026-11-28 that made the forced two-shot of
+# 32 KiB 10-13 µs in all three rounds while the tuner's runs of the same way took 3.5-4.4.)
+RUNS=($WAYS tuner-defaults tuner-calibrated)
 for r in $(seq 1 "$ROUNDS"); do
-  for way in $WAYS; do
-    case $way in
-      area-*) force="OXCCL_AREA_WAY=${way#area-}" ;;
-      link-*) force="OXCCL_ALGO=${way#link-}" ;;
-    esac
-    env OXCCL_TUNE=defaults "$force" "$PERF" "${ARGS[@]}" --csv "$OUT/$way-r$r.csv" > /dev/null
+  turn=0
+  for size in "${SIZES[@]}"; do
+    for ((i = 0; i < ${#RUNS[@]}; i++)); do
+      run=${RUNS[$(((i + turn) % ${#RUNS[@]}))]}
+      case $run in
+        area-*) env=(OXCCL_TUNE=defaults "OXCCL_AREA_WAY=${run#area-}") ;;
+        link-*) env=(OXCCL_TUNE=defaults "OXCCL_ALGO=${run#link-}") ;;
+        tuner-defaults) env=(OXCCL_TUNE=defaults) ;;
+        tuner-calibrated) env=("OXCCL_TUNE_FILE=$OUT/costs.txt") ;;
+      esac
+      env "${env[@]}" "$PERF" "${ARGS[@]}" -b "$size" -e "$size" --csv "$OUT/one.csv" > /dev/null
+      csv=$OUT/$run-r$r.csv
+      if [ -e "$csv" ]; then tail -n +2 "$OUT/one.csv" >> "$csv"; else cp "$OUT/one.csv" "$csv"; fi
+    done
+    turn=$((turn + 1))
   done
-  OXCCL_TUNE=defaults "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-defaults-r$r.csv" > /dev/null
-  OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" "${ARGS[@]}" --csv "$OUT/tuner-calibrated-r$r.csv" > /dev/null
 done
+rm -f "$OUT/one.csv"
 python3 - "$OUT" "$WAYS" "$TRANSPORT" > "$OUT/summary.md" <<'PY'
 import collections, csv, glob, os, statistics, sys
 out, ways, transport = sys.argv[1], sys.argv[2].split(), sys.argv[3]

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Two builds (or two settings) of allreduce-perf against each other, for a noisy machine:
+# runs A and B back to back N times, alternating which goes first, and reports per size the
+# median over pairs of B's time / A's time (and the quartiles), out of place and in place.
+# Each pair runs within a second or two, so the machine's slow and fast streaks (which flip
+# several times a minute on the 2-core VM) hit both sides of a pair alike; a ratio between
+# medians taken apart would mix them.
+#
+# usage: tools/perf/ab.sh [-n PAIRS=30] A B -- ALLREDUCE-PERF-ARGS...
+#   A, B: an allreduce-perf binary, or a command line to run it in quotes
+#         (e.g. "env OXCCL_TRACE_ENTRIES=0 target/release/allreduce-perf")
+# e.g.    cp target/release/allreduce-perf /tmp/arp-old   # before the change, then rebuild
+#         tools/perf/ab.sh /tmp/arp-old target/release/allreduce-perf -- \
+#             --ranks 2 -o broadcast -b 8 -e 8 -n 10000 -w 1000 -R 1 --min-time 0.05 -c 0
+# Ratios below 1 mean B is faster. Keep runs short (-R 1, --min-time 0.05) and pairs many.
+set -euo pipefail
+pairs=30
+while getopts "n:" o; do
+  case $o in
+    n) pairs=$OPTARG ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ $# -ge 3 ] && [ "$3" = "--" ] || { sed -n '2,16p' "$0"; exit 2; }
+a=$1 b=$2
+shift 3
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+run() { # label command...
+  local label=$1
+  shift
+  # nccl-tests' table: size count type redop root time algbw busbw #wrong time algbw busbw #wrong
+  "$@" 2>&1 | awk -v l="$label" -v p="$pair" '/^ +[0-9]+ +[0-9]+ /{print p, l, $1, $6, $10}' >>"$out"
+}
+for pair in $(seq "$pairs"); do
+  if ((pair % 2)); then
+    run A $a "$@"
+    run B $b "$@"
+  else
+    run B $b "$@"
+    run A $a "$@"
+  fi
+done
+python3 - "$out" <<'EOF'
+import collections, statistics, sys
+runs = collections.defaultdict(dict)  # (size, pair) -> label -> (out of place, in place)
+for line in open(sys.argv[1]):
+    pair, label, size, oop, inp = line.split()
+    try:
+        runs[(int(size), int(pair))][label] = (float(oop), float(inp))
+    except ValueError:
+        pass
+def quartiles(v):
+    v = sorted(v)
+    return v[len(v) // 4], statistics.median(v), v[(3 * len(v)) // 4]
+print("size        B/A out of place (q25 median q75)   B/A in place (q25 median q75)   A, B median us (oop)  pairs")
+for size in sorted({s for s, _ in runs}):
+    both = [v for (s, _), v in runs.items() if s == size and "A" in v and "B" in v]
+    if not both:
+        continue
+    o = quartiles([v["B"][0] / v["A"][0] for v in both if v["A"][0] > 0])
+    i = quartiles([v["B"][1] / v["A"][1] for v in both if v["A"][1] > 0])
+    a = statistics.median(v["A"][0] for v in both)
+    b = statistics.median(v["B"][0] for v in both)
+    print(f"{size:<11} {o[0]:.3f} {o[1]:.3f} {o[2]:.3f}                   "
+          f"{i[0]:.3f} {i[1]:.3f} {i[2]:.3f}                 {a:.4g}, {b:.4g}          {len(both)}")
+EOF

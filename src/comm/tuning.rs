@@ -427,7 +427,7 @@ impl Communicator {
         // interleaved, on 2 ranks: the five disagreed on the way at 95 of the 192 (collective,
         // placement, size) points up to 2 MiB with one pass, at 16 and 36 with three (two such
         // sets); at 43 of the 70 larger ones with one pass, 14 with three (4.4 against 7.6 s).
-        let mut tables: Vec<(Vec<Key>, Vec<Curve>)> = Vec::new();
+        let mut tables: Vec<(Collective, Vec<Key>, Vec<Curve>)> = Vec::new();
         for collective in AREA_COLLECTIVES {
             let mut keys = Vec::new();
             for way in Way::ALL {
@@ -445,11 +445,11 @@ impl Communicator {
                 }
             }
             let points = vec![Vec::new(); keys.len()];
-            tables.push((keys, points));
+            tables.push((collective, keys, points));
         }
         for _ in 0..PASSES {
-            for (keys, points) in &mut tables {
-                let collective = keys.first().map_or(Collective::AllReduce, |k| k.collective);
+            for (collective, keys, points) in &mut tables {
+                let collective = *collective;
                 for &bytes in &sizes {
                     let whole = match collective {
                         Collective::AllGather
@@ -477,7 +477,7 @@ impl Communicator {
         }
         let curves: Vec<(Key, Curve)> = tables
             .into_iter()
-            .flat_map(|(keys, points)| keys.into_iter().zip(points))
+            .flat_map(|(_, keys, points)| keys.into_iter().zip(points))
             .collect();
         let source = format!(
             "calibrated on {}, {n} ranks, oxccl {}",

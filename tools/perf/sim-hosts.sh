@@ -23,12 +23,8 @@ while getopts "b:e:R:" o; do
 done
 [ ${#rates[@]} -gt 0 ] || rates=(none)
 # Sizes from 8 bytes by factors of 8 up to max.
-max_bytes=$(python3 -c 'import sys
-s = sys.argv[1].upper()
-m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-print(int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s))' "$max")
-sizes=()
-for ((s = 8; s <= max_bytes; s *= 8)); do sizes+=("$s"); done
+mapfile -t sizes < <(python3 tools/perf/sizes.py "$max" 8)
+[ ${#sizes[@]} -gt 0 ] || exit 2
 cargo build --release -q -p allreduce-perf
 perf="$PWD/target/release/allreduce-perf"
 hosts="$PWD/tools/sim-hosts/hosts.sh"

@@ -25,6 +25,9 @@ while getopts "r:n:o:e:t:" o; do
     *) exit 2 ;;
   esac
 done
+# Sizes from 8 bytes by factors of 4 up to MAX.
+mapfile -t SIZES < <(python3 tools/perf/sizes.py "$MAX" 4)
+[ ${#SIZES[@]} -gt 0 ] || exit 2
 LINKS="ring tree hd direct"
 case $COLL in
   all_gather|reduce_scatter) LINKS="ring direct" ;;
@@ -47,13 +50,6 @@ ARGS=(--ranks "$RANKS" -o "$COLL" -w 3 -R 3 --min-time 0.1)
 OXCCL_TUNE_FILE=$OUT/costs.txt "$PERF" --ranks "$RANKS" -b 8 -e 8 --calibrate \
   > /dev/null 2> "$OUT/calibrate.log"
 grep -h "tuner costs" "$OUT/calibrate.log" || true
-# Sizes from 8 bytes by factors of 4 up to MAX.
-max_bytes=$(python3 -c 'import sys
-s = sys.argv[1].upper()
-m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-print(int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s))' "$MAX")
-SIZES=()
-for ((s = 8; s <= max_bytes; s *= 4)); do SIZES+=("$s"); done
 # Size by size, every way and both tuners one after another (each run a few seconds), the
 # order turned by one at each size: this VM's slow and fast streaks, which flip within a
 # minute, then hit the candidates of one size alike. (Whole sweeps one way after another put

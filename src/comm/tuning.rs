@@ -95,11 +95,26 @@ type Curve = Vec<(usize, f64)>;
 /// `Communicator::measure`).
 const PASSES: usize = 3;
 
-/// Calls to time a point with in each pass, for a point worth `calls` calls of the budget (at
-/// least 3, at most 100 in all): a third of them, at least 2 (the largest sizes, of a few
-/// calls each, then take 6 where one pass took 3: about 3 s more of a calibration on 2 ranks).
-fn pass_iters(calls: usize) -> usize {
-    calls.clamp(3, 100).div_ceil(PASSES).max(2)
+/// Passes over the largest points: those of fewer than 6 calls, each of which lasts a few
+/// milliseconds, so that more passes cost little. Timed 2 calls in each of 3 passes, the
+/// in-place two-shot all-reduce of 16 and 64 MiB came out 4.4 and 19.0 ms in two calibrations
+/// out of three, where it takes 2.3-2.9 and 9.4-12 ms, and those calibrations sent it the
+/// direct way, 1.8 times slower there (2026-11-28): the slow state had lasted through the 3
+/// passes at that size.
+const LARGE_PASSES: usize = 5;
+const _: () = assert!(LARGE_PASSES > PASSES);
+
+/// How a point worth `calls` calls of the budget (at least 3, at most 100 in all) is timed:
+/// (passes, calls in each). A third of them in each of [`PASSES`] passes, at least 2; the
+/// largest points (fewer than 6 calls) one call in each of [`LARGE_PASSES`] passes, after the
+/// warm-up call each measurement makes.
+fn pass_plan(calls: usize) -> (usize, usize) {
+    let calls = calls.clamp(3, 100);
+    if calls < 6 {
+        (LARGE_PASSES, 1)
+    } else {
+        (PASSES, calls.div_ceil(PASSES))
+    }
 }
 
 /// Records time `t` of `bytes` in `points` (ascending by size, one entry per size), keeping
@@ -447,7 +462,7 @@ impl Communicator {
             let points = vec![Vec::new(); keys.len()];
             tables.push((collective, keys, points));
         }
-        for _ in 0..PASSES {
+        for pass in 0..PASSES.max(LARGE_PASSES) {
             for (collective, keys, points) in &mut tables {
                 let collective = *collective;
                 for &bytes in &sizes {
@@ -462,7 +477,10 @@ impl Communicator {
                     if whole > c.max_buffer || bytes % 4 != 0 {
                         continue;
                     }
-                    let iters = pass_iters(c.budget / bytes.max(1));
+                    let (passes, iters) = pass_plan(c.budget / bytes.max(1));
+                    if pass >= passes {
+                        continue;
+                    }
                     for (key, points) in keys.iter().zip(points.iter_mut()) {
                         if key.way == Way::OneShot && bytes > AREA_BYTES {
                             continue;
@@ -697,19 +715,19 @@ fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{PASSES, fit_alpha_and_overhead, keep_fastest, pass_iters};
+    use super::{LARGE_PASSES, PASSES, fit_alpha_and_overhead, keep_fastest, pass_plan};
 
     #[test]
     fn every_pass_times_a_share_of_a_points_calls() {
         // An 8-byte point (the budget allows 100 calls, the most): a third in each pass.
-        assert_eq!(pass_iters(1 << 22), 34);
-        assert_eq!(pass_iters(9), 3);
-        // The largest points (a budget for 1 call, or none): 2 a pass, 6 in all (one pass
-        // timed them 3 times).
-        for calls in [6, 3, 1, 0] {
-            assert_eq!(pass_iters(calls), 2);
+        assert_eq!(pass_plan(1 << 22), (PASSES, 34));
+        assert_eq!(pass_plan(9), (PASSES, 3));
+        assert_eq!(pass_plan(6), (PASSES, 2));
+        // The largest points (a budget for fewer than 6 calls, or none): one call in each of
+        // more passes, at least as many calls in all as the budget's floor of 3.
+        for calls in [5, 3, 1, 0] {
+            assert_eq!(pass_plan(calls), (LARGE_PASSES, 1));
         }
-        assert!(PASSES * pass_iters(0) >= 3);
     }
 
     #[test]

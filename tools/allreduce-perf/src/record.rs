@@ -162,6 +162,13 @@ pub struct Placed {
     pub p99_us: Option<f64>,
     /// Timed iterations per repeat.
     pub iterations: Option<u64>,
+    /// The fastest repeat's mean time per call, µs (`time_us` is their median).
+    #[serde(default)]
+    pub best_us: Option<f64>,
+    /// Each repeat's mean time per call, µs, in the order they ran (the two placements'
+    /// alternate: the k-th of each ran side by side).
+    #[serde(default)]
+    pub repeats_us: Vec<f64>,
 }
 
 impl From<&Measured> for Placed {
@@ -174,6 +181,8 @@ impl From<&Measured> for Placed {
             p50_us: Some(m.p50_us),
             p99_us: Some(m.p99_us),
             iterations: Some(m.iterations),
+            best_us: Some(m.best_us),
+            repeats_us: m.repeats_us.clone(),
         }
     }
 }
@@ -253,7 +262,7 @@ pub fn write_json(doc: &Doc, out: &mut impl Write) -> std::io::Result<()> {
 
 /// The CSV header line.
 pub const CSV_HEADER: &str = "collective,size,count,type,redop,root,algorithm,placement,time_us,\
-                              alg_bw,bus_bw,nwrong,p50_us,p99_us,iterations";
+                              alg_bw,bus_bw,nwrong,p50_us,p99_us,iterations,best_us";
 
 /// Writes the CSV: a header, then one line per row and measured placement.
 pub fn write_csv(rows: &[RowRecord], out: &mut impl Write) -> std::io::Result<()> {
@@ -264,7 +273,7 @@ pub fn write_csv(rows: &[RowRecord], out: &mut impl Write) -> std::io::Result<()
             let Some(p) = p else { continue };
             writeln!(
                 out,
-                "{},{},{},{},{},{},{},{name},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{name},{},{},{},{},{},{},{},{}",
                 r.collective,
                 r.size,
                 r.count,
@@ -279,6 +288,7 @@ pub fn write_csv(rows: &[RowRecord], out: &mut impl Write) -> std::io::Result<()
                 opt(p.p50_us),
                 opt(p.p99_us),
                 p.iterations.map_or(String::new(), |i| i.to_string()),
+                opt(p.best_us),
             )?;
         }
     }
@@ -342,6 +352,8 @@ mod tests {
             p50_us: Some(10.0),
             p99_us: Some(12.0),
             iterations: Some(20),
+            best_us: Some(9.5),
+            repeats_us: vec![9.5, 10.5, 11.0],
         };
         let row = RowRecord {
             collective: "gather".into(),
@@ -362,7 +374,7 @@ mod tests {
         assert_eq!(lines[0].split(',').count(), lines[1].split(',').count());
         assert_eq!(
             lines[1],
-            "gather,64,8,float,none,0,direct,out-of-place,10.5,0.5,0.5,0,10,12,20"
+            "gather,64,8,float,none,0,direct,out-of-place,10.5,0.5,0.5,0,10,12,20,9.5"
         );
     }
 }

@@ -83,6 +83,17 @@ fn json_carries_every_row_and_both_placements() {
             assert_eq!(p["nwrong"], 0);
             assert_eq!(p["iterations"], 3);
             assert!(p["p50_us"].as_f64() <= p["p99_us"].as_f64());
+            // The fastest of the 3 repeats is at most their median.
+            let best = p["best_us"].as_f64().unwrap();
+            assert!(best > 0.0 && best <= p["time_us"].as_f64().unwrap(), "{p}");
+            let each: Vec<f64> = p["repeats_us"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_f64().unwrap())
+                .collect();
+            assert_eq!(each.len(), 3, "{p}");
+            assert_eq!(each.iter().copied().fold(f64::INFINITY, f64::min), best);
         }
     }
 

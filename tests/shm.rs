@@ -11,8 +11,19 @@ use std::time::{Duration, Instant};
 use oxccl::algo::{Collective, Plan};
 use oxccl::config::TransportFilter;
 use oxccl::{Communicator, Config, DataType, Error, ReduceOp};
-use oxccl_transport_shm::area::LAG;
+use oxccl_transport_shm::area::{CROWDED_LAG, LAG};
 use util::procs::{launch, on_each};
+
+/// How many calls a rank of `c` that reads nothing from a peer may run ahead of it through the
+/// area, as the communicator chose: wider where ranks outnumber cores.
+fn lag(c: &Communicator) -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if c.topology().crowded(c.rank(), cores) {
+        CROWDED_LAG
+    } else {
+        LAG
+    }
+}
 
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
     let config = config.transports(TransportFilter::only(&["shm"]));
@@ -430,14 +441,14 @@ fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
     }
     // An all-reduce against a broadcast. The all-reduce reads the broadcast's root and fails
     // at once; the root reads nobody and may run ahead, so it may learn only at a later call,
-    // but within the area's lag (`LAG` turns), never hanging.
+    // but within the area's lag (`lag` turns), never hanging.
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
     let results = on_each(&comms, |c| {
         let mut buf = vec![1.0f32; 8];
         if c.rank() == 0 {
             return c.all_reduce_in_place(&mut buf, ReduceOp::Sum);
         }
-        for _ in 0..=LAG {
+        for _ in 0..=lag(c) {
             c.broadcast_in_place(&mut buf, 1)?;
         }
         Ok(())
@@ -456,8 +467,9 @@ fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
 }
 
 /// Ranks that read nothing from a peer in a call (a broadcast's root, a reduce's other ranks,
-/// a gather's, a scatter's root) run up to `LAG` calls ahead of it through the area: every
-/// call must still get its own data. A seeded mix of broadcasts, reduces, gathers, scatters
+/// a gather's, a scatter's root) run up to the area's lag of calls ahead of it through the
+/// area (`CROWDED_LAG` where the 3 ranks outnumber the cores, as on 2): every call must still
+/// get its own data. A seeded mix of broadcasts, reduces, gathers, scatters
 /// and all-reduces on 3 ranks, with every root, in slots and (past 4 KiB) large buffers, each
 /// checked against values computed here.
 #[test]
@@ -547,18 +559,19 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
 }
 
 /// Two calls in which neither rank reads the other's data (a broadcast's root against a
-/// reduce's other rank) fail anyway: each rank checks the other's descriptors `LAG` calls
+/// reduce's other rank) fail anyway: each rank checks the other's descriptors a lag of calls
 /// later; the first to do so reports the mismatch, and both fail by then, both naming the
 /// calls that differ (the other, seeing the first failed, looks at the turns it has not
 /// checked yet).
 #[test]
 fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    let lags: Vec<u64> = comms.iter().map(lag).collect();
     let results = on_each(&comms, |c| {
         let mut buf = vec![1.0f32; 8];
         let mut calls = 0;
         let res = (|| {
-            for _ in 0..=2 * LAG {
+            for _ in 0..=2 * lag(c) {
                 calls += 1;
                 if c.rank() == 0 {
                     c.broadcast_in_place(&mut buf, 0)?;
@@ -592,9 +605,11 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
             }
             other => panic!("rank {r}: expected a mismatch, got {other:?}"),
         }
+        // Found by whichever rank checks first, by its lag's turn.
+        let lag = *lags.iter().min().unwrap();
         assert!(
-            calls as u64 <= LAG + 1,
-            "rank {r} failed only at call {calls}"
+            calls as u64 <= lag + 1,
+            "rank {r} failed only at call {calls} (lag {lag})"
         );
         assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
     }
@@ -610,7 +625,7 @@ fn a_broadcast_with_different_roots_is_named_by_both_ranks() {
         let mut x = vec![c.rank() as f32 + 1.0; 1000];
         let first = c.broadcast_in_place(&mut x, c.rank());
         let mut later = Ok(());
-        for _ in 0..=2 * LAG {
+        for _ in 0..=2 * lag(c) {
             let mut y = [1.0f32; 4];
             later = c.all_reduce_in_place(&mut y, ReduceOp::Sum);
             if later.is_err() {

@@ -33,7 +33,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use oxccl_transport_shm::area::{self, AREA_BYTES, Area, DESC_BYTES, LAG, Published};
+use oxccl_transport_shm::area::{self, AREA_BYTES, Area, CROWDED_LAG, DESC_BYTES, LAG, Published};
 
 use super::descriptor::Descriptor;
 use super::driver::Engine;
@@ -99,8 +99,11 @@ pub struct AreaPath {
     /// How waiters pace themselves.
     pace: Pace,
     /// Per rank, how many of its first turns this rank has seen published and checked against
-    /// its own descriptors (a rank it reads nothing from may be up to [`LAG`] turns behind).
+    /// its own descriptors (a rank it reads nothing from may be up to `lag` turns behind).
     checked: Vec<AtomicU64>,
+    /// How many turns this rank may run ahead of a rank it reads nothing from: [`LAG`], or
+    /// [`CROWDED_LAG`] where ranks outnumber cores (ranks may differ; see [`LAG`]).
+    lag: u64,
 }
 
 impl AreaPath {
@@ -125,6 +128,7 @@ impl AreaPath {
             scratch: Mutex::new(Vec::new()),
             pace,
             checked,
+            lag: if crowded { CROWDED_LAG } else { LAG },
         }
     }
 
@@ -303,12 +307,12 @@ impl AreaPath {
     }
 
     /// This rank's place for `bytes` of data of `turn` ([`Area::my_buffer`]), once it may write
-    /// there: every rank has published turn `turn - LAG` (their descriptors up to it checked
+    /// there: every rank has published turn `turn - lag` (their descriptors up to it checked
     /// against ours), and for a large buffer `turn - 1`.
     fn claim(&self, w: &mut Waiter<'_>, turn: u64, bytes: usize) -> Result<*mut u8> {
         w.turn = turn;
-        if turn >= LAG {
-            self.catch_up(w, turn, turn - LAG)?;
+        if turn >= self.lag {
+            self.catch_up(w, turn, turn - self.lag)?;
         }
         if Area::in_buffer(bytes) && turn >= 1 {
             self.catch_up(w, turn, turn - 1)?;
@@ -319,8 +323,9 @@ impl AreaPath {
     /// Waits until every rank has published turn `upto`, and checks each one's descriptors
     /// of the turns not checked yet against ours (also those past `upto` already published,
     /// before `turn`). A rank's descriptor of turn `t` stays in its slot until it writes
-    /// `t + SLOTS`, for which it waits for this rank's `t + SLOTS - LAG = t + LAG`: so every
-    /// turn from `turn - LAG` on is still there, and earlier ones were checked by earlier calls.
+    /// `t + SLOTS`, for which it waits for this rank's `t + SLOTS - lag'` (its lag, at most
+    /// `SLOTS / 2`, as ours): so every turn from `turn - lag` on is still there, and earlier
+    /// ones were checked by earlier calls.
     fn catch_up(&self, w: &mut Waiter<'_>, turn: u64, upto: u64) -> Result<()> {
         for r in (0..self.area.len()).filter(|&r| r != self.rank) {
             let mut t = self.checked[r].load(Ordering::Relaxed);
@@ -419,10 +424,10 @@ impl AreaPath {
     /// was written by the caller to the place [`AreaPath::claim`] gave it.
     ///
     /// Ranks this rank reads nothing from are neither waited for nor checked here: they may
-    /// be up to [`LAG`] turns behind, and [`AreaPath::claim`] checks their descriptors later.
+    /// be up to `lag` turns behind, and [`AreaPath::claim`] checks their descriptors later.
     /// A rank that reads a peer's data checks its descriptor first, so nobody reads data of
     /// another call. A mismatch between ranks that read nothing from each other in that turn
-    /// (a broadcast's root against a reduce's other rank) is found by `claim` within [`LAG`]
+    /// (a broadcast's root against a reduce's other rank) is found by `claim` within `lag`
     /// turns, or logged by [`AreaPath::settle`] when the rank leaves first.
     fn exchange(
         &self,

@@ -12,11 +12,12 @@
 //!   theirs to read, until they publish `seq + 1` themselves.
 //!
 //! A rank reads what it needs of turn `seq` before it publishes `seq + 1`. Before it writes turn
-//! `seq`, its owner makes sure that every rank has published `seq - LAG` (so, with
-//! `SLOTS = 2 · LAG`, has finished with the slot, and its descriptor of that turn is still
+//! `seq`, its owner makes sure that every rank has published `seq - lag` (so, with
+//! `lag <= SLOTS / 2`, has finished with the slot, and its descriptor of that turn is still
 //! there to check), and for a large buffer that every rank has published `seq - 1`. So a rank
 //! that reads nothing from a peer in a turn (a broadcast's root, a reduce's other ranks) runs
-//! up to [`LAG`] turns ahead of it instead of waiting for it every call, and a small collective
+//! up to `lag` turns ahead of it instead of waiting for it every call ([`LAG`], or
+//! [`CROWDED_LAG`] where ranks outnumber cores), and a small collective
 //! costs one cache-line transfer per peer read: stamp, length, the descriptor's tag and the
 //! first 40 bytes of data share one line.
 //!
@@ -43,14 +44,26 @@ pub const AREA_BYTES: usize = 4 << 20;
 pub const SLOT_BYTES: usize = 4096;
 
 /// Small slots per rank, one per turn in a ring.
-pub const SLOTS: u64 = 16;
+pub const SLOTS: u64 = 64;
 
-/// How many turns a rank may run ahead of a peer it reads nothing from (`SLOTS / 2`: a
-/// writer that checks every rank's descriptor of turn `seq - LAG` before it writes turn
-/// `seq` finds it still there).
-pub const LAG: u64 = SLOTS / 2;
+/// How many turns a rank may run ahead of a peer it reads nothing from, where each rank has
+/// a core: a writer checks every rank's descriptor of turn `seq - LAG` before it writes turn
+/// `seq`. Any lag up to `SLOTS / 2` is safe, and ranks may use different ones: a rank's
+/// descriptor of turn `t` stays until it writes `t + SLOTS`, which waits for every checker to
+/// publish `t + SLOTS - lag` (the writer's lag), while a checker looks at it by its own turn
+/// `t + lag'` (the checker's lag), which comes first where `lag + lag' <= SLOTS`.
+pub const LAG: u64 = 8;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR4");
+/// The lag of ranks that outnumber the cores they run on ([`LAG`] otherwise). Such ranks take
+/// turns on the cores, and a broadcast's root or a reduce's other ranks that may run further
+/// ahead do more calls per turn: 4 ranks on 2 cores, 16 bytes, paired runs of the two builds,
+/// a broadcast took 0.49 of the time with 32 as with 8, a reduce 0.65, at 1440 bytes 0.71 and
+/// 0.72, while all-reduce and all-gather (every rank reads every other) stayed within noise
+/// (2026-11-28).
+pub const CROWDED_LAG: u64 = SLOTS / 2;
+const _: () = assert!(LAG <= CROWDED_LAG && CROWDED_LAG <= SLOTS / 2);
+
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR5");
 
 /// Bytes of the descriptor each buffer carries (what its owner called).
 pub const DESC_BYTES: usize = 48;
@@ -393,8 +406,8 @@ impl Area {
 
     /// This rank's place for `bytes` (at most [`AREA_BYTES`]) of data of turn `seq`, to fill
     /// before [`Area::publish`]: the turn's slot, or ([`Area::in_buffer`]) its large buffer.
-    /// Writable once every rank has published `seq - LAG` ([`Area::published`]), and for a
-    /// large buffer `seq - 1`.
+    /// Writable once every rank has published `seq - lag` (the writer's lag, at most
+    /// `SLOTS / 2`; [`Area::published`]), and for a large buffer `seq - 1`.
     pub fn my_buffer(&self, seq: u64, bytes: usize) -> *mut u8 {
         self.segments[self.rank].data(seq, Area::in_buffer(bytes))
     }
@@ -422,7 +435,8 @@ impl Area {
     }
 
     /// Rank `r`'s publication of turn `seq` if it is there (its data valid until this rank
-    /// publishes `seq + 1`; its descriptor until every rank has published `seq + LAG`). A stamp
+    /// publishes `seq + 1`; its descriptor until every rank has published `seq + SLOTS - lag`,
+    /// `r`'s lag). A stamp
     /// beyond `seq` means `r` is already further: `Err`.
     pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
         let s = &self.segments[r];

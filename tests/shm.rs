@@ -566,8 +566,38 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
 #[test]
 fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    mismatch_where_nobody_reads(&comms);
+}
+
+/// The same where the ranks outnumber their cores (both pinned to one CPU, as this test's
+/// thread is before it makes them): they run ahead by the wider lag, and the mismatch is found
+/// within it.
+#[test]
+fn crowded_ranks_find_a_mismatch_where_nobody_reads_within_their_wider_lag() {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let allowed = sched_getaffinity(None).expect("this thread's CPUs");
+    let cpu = (0..CpuSet::MAX_CPU)
+        .find(|&c| allowed.is_set(c))
+        .expect("a CPU");
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    sched_setaffinity(None, &one).expect("pin this thread");
+    let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
+    assert!(comms.iter().all(|c| lag(c) == CROWDED_LAG));
+    let calls = mismatch_where_nobody_reads(&comms);
+    // The first rank to check did so past the narrow lag: the wider one was in force.
+    assert!(
+        calls.iter().any(|&k| k as u64 > LAG + 1),
+        "calls before the mismatch: {calls:?}"
+    );
+}
+
+/// Rank 0 broadcasts from itself while rank 1 reduces to rank 0, until either fails; checks
+/// that both fail with the mismatch, within their lags, and returns each one's calls.
+fn mismatch_where_nobody_reads(comms: &[Communicator]) -> Vec<usize> {
     let lags: Vec<u64> = comms.iter().map(lag).collect();
-    let results = on_each(&comms, |c| {
+    let mut counts = Vec::new();
+    let results = on_each(comms, |c| {
         let mut buf = vec![1.0f32; 8];
         let mut calls = 0;
         let res = (|| {
@@ -605,14 +635,16 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
             }
             other => panic!("rank {r}: expected a mismatch, got {other:?}"),
         }
-        // Found by whichever rank checks first, by its lag's turn.
-        let lag = *lags.iter().min().unwrap();
+        // Found by this rank's own check by its lag's turn, if not earlier by the other's.
+        let lag = lags[r];
         assert!(
             calls as u64 <= lag + 1,
             "rank {r} failed only at call {calls} (lag {lag})"
         );
         assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
+        counts.push(calls);
     }
+    counts
 }
 
 /// A broadcast whose ranks name different roots (each its own) succeeds on both, as neither

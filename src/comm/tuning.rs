@@ -718,7 +718,7 @@ mod tests {
     use super::{LARGE_PASSES, PASSES, fit_alpha_and_overhead, keep_fastest, pass_plan};
 
     #[test]
-    fn every_pass_times_a_share_of_a_points_calls() {
+    fn each_point_is_timed_over_passes_a_share_at_a_time() {
         // An 8-byte point (the budget allows 100 calls, the most): a third in each pass.
         assert_eq!(pass_plan(1 << 22), (PASSES, 34));
         assert_eq!(pass_plan(9), (PASSES, 3));

@@ -1217,8 +1217,9 @@ impl Engine {
     pub fn shutdown(&mut self, why: &str) {
         // Peers that read from this rank's area may be up to the area's lag (`LAG`, or
         // `CROWDED_LAG`) turns behind it: they find what they need there whether or not this
-        // rank is alive, but would take its closed links for a failure. So a rank that did not fail leaves once every peer has reached
-        // its last turn (or died, failed, or the timeout passed).
+        // rank is alive, but would take its closed links for a failure. So a rank that did not
+        // fail leaves once every peer has reached its last turn (or died, failed, or the
+        // timeout passed).
         if self.broken.is_none()
             && self.area_turns > 0
             && let Some(area) = &self.area

@@ -1,8 +1,10 @@
 /*
  * The floor of a small rooted call handed between two cores through a ring of slots, as the
- * shared area's 8-byte broadcast does: a producer (the root, core 0) writes one cache line per
- * call (stamp and data) into a ring of 16, and waits only when it is 8 calls ahead of the
- * consumer (core 1), which spins on each stamp, reads the data and publishes its own turn.
+ * shared area's 8-byte broadcast did with its layout of 2026-11-27 (since 2026-11-28: 64
+ * slots, 8 calls ahead, 32 where ranks outnumber cores): a producer (the root, core 0) writes
+ * one cache line per call (stamp and data) into a ring of 16, and waits only when it is 8
+ * calls ahead of the consumer (core 1), which spins on each stamp, reads the data and
+ * publishes its own turn.
  * Arguments: LOCKED_ROOT LOCKED_PEER (0 or 1): with 1, that side also runs two (root) or one
  * (peer) locked read-modify-writes per call, as a mutex, an Arc count or a fetch_add would;
  * a locked instruction waits for the call's own stores to leave the store buffer. Prints the

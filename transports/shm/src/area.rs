@@ -61,7 +61,11 @@ pub const LAG: u64 = 8;
 /// 0.72, while all-reduce and all-gather (every rank reads every other) stayed within noise
 /// (2026-11-28).
 pub const CROWDED_LAG: u64 = SLOTS / 2;
-const _: () = assert!(LAG <= CROWDED_LAG && CROWDED_LAG <= SLOTS / 2);
+// Both at least 1 (a rank's first claim of a turn waits for the one before), and at most
+// `SLOTS / 2`, so that any two ranks' lags add up to `SLOTS` at most; that bound is exact: a
+// descriptor is checked in `claim` by the checker's turn `t + lag'`, so every path that
+// publishes a turn must `claim` it first.
+const _: () = assert!(1 <= LAG && LAG <= CROWDED_LAG && CROWDED_LAG <= SLOTS / 2);
 
 const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR5");
 

@@ -474,9 +474,67 @@ fn mismatched_calls_on_the_area_fail_fast_on_both_ranks() {
 /// checked against values computed here.
 #[test]
 fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
-    let n = 3;
-    let comms = shm(n, Config::default().timeout(Duration::from_secs(60)));
-    let results = on_each(&comms, |c| -> Result<(), String> {
+    let comms = shm(3, Config::default().timeout(Duration::from_secs(60)));
+    let results = on_each(&comms, run_ahead_mix);
+    for (r, (res, _)) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// Ranks may run with different lags: here rank 0 pinned to one CPU (crowded: the wider lag)
+/// and rank 1 free to use every CPU (on 2 cores or more, not crowded: the narrow one). The
+/// run-ahead mix still gets every call's data, and a mismatch where nobody reads is found.
+#[test]
+fn ranks_with_different_lags_get_every_calls_data_and_find_mismatches() {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let id = oxccl::UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::spawn(move || -> Result<u64, String> {
+                if rank == 0 {
+                    let allowed = sched_getaffinity(None).map_err(|e| e.to_string())?;
+                    let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c));
+                    let mut one = CpuSet::new();
+                    one.set(cpu.ok_or("no CPU")?);
+                    sched_setaffinity(None, &one).map_err(|e| e.to_string())?;
+                }
+                let id = oxccl::UniqueId::from_bytes(&bytes).map_err(|e| e.to_string())?;
+                let config = Config::default()
+                    .timeout(Duration::from_secs(60))
+                    .transports(TransportFilter::only(&["shm"]));
+                let c = Communicator::init_rank(&id, 2, rank, config).map_err(|e| e.to_string())?;
+                run_ahead_mix(&c)?;
+                let started = Instant::now();
+                let (res, calls) = mismatch_calls(&c);
+                check_mismatch(&c, res, calls, started.elapsed());
+                Ok(lag(&c))
+            })
+        })
+        .collect();
+    let lags: Vec<u64> = threads
+        .into_iter()
+        .enumerate()
+        .map(|(r, t)| {
+            t.join()
+                .expect("rank thread")
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"))
+        })
+        .collect();
+    assert_eq!(lags[0], CROWDED_LAG);
+    if cores >= 2 {
+        assert_eq!(lags[1], LAG);
+    }
+}
+
+/// A seeded mix of broadcasts, reduces, gathers, scatters and all-reduces on `c`'s ranks, with
+/// every root, in slots and (past 4 KiB) large buffers, each checked against values computed
+/// here: runs of one collective from one root first, so that the ranks that read nothing get
+/// far ahead (the readers dawdle now and then), then single calls of each.
+fn run_ahead_mix(c: &Communicator) -> Result<(), String> {
+    let n = c.size();
+    {
         let me = c.rank();
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let (mut what, mut root, mut count) = (0, 0, 0);
@@ -552,9 +610,6 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
             }
         }
         Ok(())
-    });
-    for (r, (res, _)) in results.into_iter().enumerate() {
-        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
     }
 }
 
@@ -595,56 +650,66 @@ fn crowded_ranks_find_a_mismatch_where_nobody_reads_within_their_wider_lag() {
 /// Rank 0 broadcasts from itself while rank 1 reduces to rank 0, until either fails; checks
 /// that both fail with the mismatch, within their lags, and returns each one's calls.
 fn mismatch_where_nobody_reads(comms: &[Communicator]) -> Vec<usize> {
-    let lags: Vec<u64> = comms.iter().map(lag).collect();
-    let mut counts = Vec::new();
     let results = on_each(comms, |c| {
-        let mut buf = vec![1.0f32; 8];
-        let mut calls = 0;
-        let res = (|| {
-            for _ in 0..=2 * lag(c) {
-                calls += 1;
-                if c.rank() == 0 {
-                    c.broadcast_in_place(&mut buf, 0)?;
-                } else {
-                    c.reduce_in_place(&mut buf, ReduceOp::Sum, 0)?;
-                }
-            }
-            Ok(())
-        })();
-        (res, calls)
+        let started = Instant::now();
+        let (res, calls) = mismatch_calls(c);
+        check_mismatch(c, res, calls, started.elapsed());
+        calls
     });
-    for (r, ((res, calls), took)) in results.into_iter().enumerate() {
-        match res {
-            Err(Error::Mismatch {
-                rank,
-                peer,
-                ours,
-                theirs,
-                ..
-            }) => {
-                assert_eq!((rank, peer), (r, 1 - r));
-                let (b, d) = if r == 0 {
-                    (&ours, &theirs)
-                } else {
-                    (&theirs, &ours)
-                };
-                assert!(
-                    b.contains("broadcast") && d.contains("reduce"),
-                    "rank {r}: {b} / {d}"
-                );
+    results.into_iter().map(|(calls, _)| calls).collect()
+}
+
+/// Rank 0 of `c` broadcasts from itself while rank 1 reduces to rank 0, until either fails
+/// (at most twice the lag): the result and the calls made.
+fn mismatch_calls(c: &Communicator) -> (Result<(), Error>, usize) {
+    let mut buf = vec![1.0f32; 8];
+    let mut calls = 0;
+    let res = (|| {
+        for _ in 0..=2 * lag(c) {
+            calls += 1;
+            if c.rank() == 0 {
+                c.broadcast_in_place(&mut buf, 0)?;
+            } else {
+                c.reduce_in_place(&mut buf, ReduceOp::Sum, 0)?;
             }
-            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
         }
-        // Found by this rank's own check by its lag's turn, if not earlier by the other's.
-        let lag = lags[r];
-        assert!(
-            calls as u64 <= lag + 1,
-            "rank {r} failed only at call {calls} (lag {lag})"
-        );
-        assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
-        counts.push(calls);
+        Ok(())
+    })();
+    (res, calls)
+}
+
+/// That [`mismatch_calls`] on `c` failed with the mismatch, naming both calls, within `c`'s
+/// lag and promptly.
+fn check_mismatch(c: &Communicator, res: Result<(), Error>, calls: usize, took: Duration) {
+    let r = c.rank();
+    match res {
+        Err(Error::Mismatch {
+            rank,
+            peer,
+            ours,
+            theirs,
+            ..
+        }) => {
+            assert_eq!((rank, peer), (r, 1 - r));
+            let (b, d) = if r == 0 {
+                (&ours, &theirs)
+            } else {
+                (&theirs, &ours)
+            };
+            assert!(
+                b.contains("broadcast") && d.contains("reduce"),
+                "rank {r}: {b} / {d}"
+            );
+        }
+        other => panic!("rank {r}: expected a mismatch, got {other:?}"),
     }
-    counts
+    // Found by this rank's own check by its lag's turn, if not earlier by the other's.
+    let lag = lag(c);
+    assert!(
+        calls as u64 <= lag + 1,
+        "rank {r} failed only at call {calls} (lag {lag})"
+    );
+    assert!(took < Duration::from_secs(10), "rank {r} took {took:?}");
 }
 
 /// A broadcast whose ranks name different roots (each its own) succeeds on both, as neither

@@ -489,9 +489,11 @@ impl AreaPath {
             // the failure as a notice would. `peer` may have failed on a call of ours it
             // found different from its own within the lag (a broadcast whose ranks named
             // different roots): the turns not checked against it yet are still in both
-            // slots, so look, and name the calls that differ as it did.
+            // slots, so look, and name the calls that differ as it did. This turn too, which
+            // this rank published above: the calls may differ from it on, and `peer` may have
+            // failed on it (with a narrower lag than ours it checks this turn before we would).
             let from = self.checked[peer].load(Ordering::Relaxed);
-            for t in from..turn {
+            for t in from..=turn {
                 if let Ok(Some(both)) = self.differs(peer, t) {
                     return Err(self.mismatch_published(w, peer, both));
                 }

@@ -25,6 +25,17 @@ fn lag(c: &Communicator) -> u64 {
     }
 }
 
+/// Binds the calling thread (and the threads it starts from now on) to the first CPU it may
+/// use: ranks made there share one core.
+fn pin_to_one_cpu() -> Result<(), String> {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let allowed = sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c));
+    let mut one = CpuSet::new();
+    one.set(cpu.ok_or("no CPU to run on")?);
+    sched_setaffinity(None, &one).map_err(|e| e.to_string())
+}
+
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
     let config = config.transports(TransportFilter::only(&["shm"]));
     let comms = Communicator::init_local(n, config).expect("init over shm");
@@ -486,7 +497,6 @@ fn ranks_running_ahead_through_the_area_still_get_every_calls_data() {
 /// run-ahead mix still gets every call's data, and a mismatch where nobody reads is found.
 #[test]
 fn ranks_with_different_lags_get_every_calls_data_and_find_mismatches() {
-    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
     let id = oxccl::UniqueId::new().expect("unique id");
     let bytes = *id.as_bytes();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -494,11 +504,7 @@ fn ranks_with_different_lags_get_every_calls_data_and_find_mismatches() {
         .map(|rank| {
             std::thread::spawn(move || -> Result<u64, String> {
                 if rank == 0 {
-                    let allowed = sched_getaffinity(None).map_err(|e| e.to_string())?;
-                    let cpu = (0..CpuSet::MAX_CPU).find(|&c| allowed.is_set(c));
-                    let mut one = CpuSet::new();
-                    one.set(cpu.ok_or("no CPU")?);
-                    sched_setaffinity(None, &one).map_err(|e| e.to_string())?;
+                    pin_to_one_cpu()?;
                 }
                 let id = oxccl::UniqueId::from_bytes(&bytes).map_err(|e| e.to_string())?;
                 let config = Config::default()
@@ -629,14 +635,7 @@ fn a_mismatch_where_nobody_reads_is_found_within_the_lag() {
 /// within it.
 #[test]
 fn crowded_ranks_find_a_mismatch_where_nobody_reads_within_their_wider_lag() {
-    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
-    let allowed = sched_getaffinity(None).expect("this thread's CPUs");
-    let cpu = (0..CpuSet::MAX_CPU)
-        .find(|&c| allowed.is_set(c))
-        .expect("a CPU");
-    let mut one = CpuSet::new();
-    one.set(cpu);
-    sched_setaffinity(None, &one).expect("pin this thread");
+    pin_to_one_cpu().expect("pin this thread");
     let comms = shm(2, Config::default().timeout(Duration::from_secs(60)));
     assert!(comms.iter().all(|c| lag(c) == CROWDED_LAG));
     let calls = mismatch_where_nobody_reads(&comms);

@@ -128,7 +128,7 @@ fn keep_fastest(points: &mut Curve, bytes: usize, t: f64) {
 
 impl Default for Calibration {
     /// 8 B, 1 KiB, and 4 KiB to 64 MiB by factors of 2, at most 64 MiB per buffer: about
-    /// seven seconds on 2 ranks. Times are not linear in size where the data leaves a cache
+    /// nine seconds on 2 ranks. Times are not linear in size where the data leaves a cache
     /// or a way's fixed costs stop mattering, and the line through two points a factor of 4
     /// apart missed by up to 15%: between 4 and 16 MiB it missed that the direct all-gather of
     /// 8 MiB per rank (1.7 ms) beat the staged one (2.1 ms); between 16 and 64 KiB it priced

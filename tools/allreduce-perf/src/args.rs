@@ -29,9 +29,10 @@ allgather, reducescatter, alltoall, gather and scatter), count is the count pass
 (the per-rank block for those), busbw = algbw x nccl-tests' factor for the collective. time is the
 median over -R repeats of each repeat's mean time per call, ranks combined by -a; the
 out-of-place and in-place repeats alternate, so the two columns see the same machine. The JSON and
-CSV also give the fastest repeat's mean (best_us) and p50/p99 of single iterations (up to 4096 evenly spaced calls per repeat, the same
-on every rank, combined by -a call by call; timed with the time-stamp counter where it is
-steady, a third of a clock_gettime; the time column's calls are not timed singly). oxccl has
+CSV also give the fastest repeat's mean (best_us; the JSON every repeat's, repeats_us) and p50/p99
+of single iterations (up to 4096 evenly spaced calls per repeat, the same on every rank,
+combined by -a call by call; timed with the time-stamp counter where it is steady, a third of
+a clock_gettime; the time column's calls are not timed singly). oxccl has
 no in-place gather, scatter or sendrecv: those columns read N/A.
 
 Run plainly, allreduce-perf starts --ranks local ranks itself. Under oxrun, torchrun, mpirun or

@@ -68,9 +68,6 @@ pub struct Measured {
     pub p99_us: f64,
     /// Timed iterations per repeat.
     pub iterations: u64,
-    /// The fastest repeat's mean time per call, µs (ranks combined by `-a` first): where the
-    /// machine's speed swings between repeats, the time in its fast state.
-    pub best_us: f64,
     /// Each repeat's mean time per call, µs, in the order they ran (ranks combined by `-a`):
     /// the k-th of one placement ran right after (or before) the k-th of the other.
     pub repeats_us: Vec<f64>,
@@ -362,7 +359,6 @@ impl<'a> Bench<'a> {
         self.combine(&mut samples)?;
         let (means, iterations) = samples.split_at_mut(repeats);
         let repeats_us: Vec<f64> = means.iter().map(|t| t * 1e6).collect();
-        let best = means.iter().copied().fold(f64::INFINITY, f64::min);
         let time = median(means);
         iterations.sort_by(f64::total_cmp);
 
@@ -387,7 +383,6 @@ impl<'a> Bench<'a> {
             p50_us: percentile(iterations, 50.0) * 1e6,
             p99_us: percentile(iterations, 99.0) * 1e6,
             iterations: iters,
-            best_us: if best.is_finite() { best * 1e6 } else { 0.0 },
             repeats_us,
         })
     }

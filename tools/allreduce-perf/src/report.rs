@@ -206,7 +206,6 @@ mod tests {
             p50_us: t,
             p99_us: t,
             iterations: 20,
-            best_us: t,
             repeats_us: vec![t],
         }
     }

@@ -440,8 +440,7 @@ impl Area {
 
     /// Rank `r`'s publication of turn `seq` if it is there (its data valid until this rank
     /// publishes `seq + 1`; its descriptor until every rank has published `seq + SLOTS - lag`,
-    /// `r`'s lag). A stamp
-    /// beyond `seq` means `r` is already further: `Err`.
+    /// with `r`'s lag). A stamp beyond `seq` means `r` is already further: `Err`.
     pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
         let s = &self.segments[r];
         let h = s.head(seq);

@@ -38,6 +38,7 @@ impl Communicator {
     }
 
     /// Elements in `len` bytes of `dtype`, or an error naming the buffer.
+    #[inline]
     fn elements(&self, c: Collective, what: &str, len: usize, dtype: DataType) -> Result<usize> {
         if !len.is_multiple_of(dtype.size()) {
             return Err(self.invalid(
@@ -48,6 +49,7 @@ impl Communicator {
         Ok(len / dtype.size())
     }
 
+    #[inline]
     fn expect(
         &self,
         c: Collective,
@@ -69,6 +71,7 @@ impl Communicator {
         Ok(())
     }
 
+    #[inline]
     fn check_op(&self, c: Collective, op: ReduceOp, dtype: DataType) -> Result<()> {
         if !op.supports(dtype) {
             return Err(self.invalid(c, format!("operator {op} is not defined on {dtype}")));
@@ -76,6 +79,7 @@ impl Communicator {
         Ok(())
     }
 
+    #[inline]
     fn check_root(&self, c: Collective, root: Rank) -> Result<()> {
         if root >= self.size() {
             return Err(self.invalid(

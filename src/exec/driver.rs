@@ -571,6 +571,7 @@ impl Engine {
 
     /// Runs area all-reduce `seq` now, on the calling thread, when nothing is queued or
     /// running (the blocking form's path: no queue, no result slot).
+    #[inline]
     pub fn run_area_now(
         &mut self,
         (plan, way, seq): (Plan, Way, u64),

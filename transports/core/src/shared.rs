@@ -21,6 +21,7 @@
 ///
 /// `src` readable and `dst` writable for `len` bytes, not overlapping; nothing else in this
 /// process writes `dst` meanwhile.
+#[inline]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: forwarded from the caller.
     unsafe { copy_with(dst, src, len, false) }
@@ -32,6 +33,7 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 /// # Safety
 ///
 /// As for [`copy`].
+#[inline]
 pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: forwarded from the caller.
     unsafe { copy_with(dst, src, len, true) }
@@ -59,6 +61,7 @@ const STREAM_MIN: usize = 256;
 /// # Safety
 ///
 /// As for [`copy`].
+#[inline]
 unsafe fn copy_with(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -154,6 +157,7 @@ mod x86 {
     /// # Safety
     ///
     /// As for [`super::copy`].
+    #[inline]
     pub(super) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
         if !stream && len >= REP_MOVSB_MIN && rep_movsb_fits(dst, src) {
             // SAFETY: forwarded from the caller.

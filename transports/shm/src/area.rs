@@ -94,6 +94,7 @@ const IN_BUFFER: u64 = 1 << 63;
 
 /// A 64-bit digest of a descriptor: equal descriptors have equal tags; a difference in any one
 /// word always changes it (each step is a bijection of the running value).
+#[inline]
 pub fn tag(desc: &[u8; DESC_BYTES]) -> u64 {
     desc.chunks_exact(8).fold(0x6f78_6363_6c5f_6172, |h, w| {
         let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
@@ -137,10 +138,12 @@ const PROGRESS_BITS: u32 = 24;
 /// Most parts a direct collective may publish progress for.
 pub const MAX_PARTS: u64 = (1 << PROGRESS_BITS) - 1;
 
+#[inline]
 fn slot_offset(k: usize) -> usize {
     size_of::<AreaHeader>().next_multiple_of(128) + k * SLOT
 }
 
+#[inline]
 fn buffer_offset(b: usize) -> usize {
     slot_offset(SLOTS as usize).next_multiple_of(4096) + b * AREA_BYTES
 }
@@ -191,12 +194,14 @@ impl AreaSegment {
         self.seg.fd()
     }
 
+    #[inline]
     fn header(&self) -> &AreaHeader {
         // SAFETY: the mapping holds a header (checked) for as long as `self` lives.
         unsafe { &*self.seg.as_ptr().cast::<AreaHeader>() }
     }
 
     /// The head of the slot of turn `seq`.
+    #[inline]
     fn head(&self, seq: u64) -> &BufferHead {
         let k = (seq % SLOTS) as usize;
         // SAFETY: slot heads lie inside the mapping (its length was checked), 64-aligned.
@@ -204,6 +209,7 @@ impl AreaSegment {
     }
 
     /// Where the data of turn `seq` lies: in its slot, or in its large buffer.
+    #[inline]
     fn data(&self, seq: u64, in_buffer: bool) -> *mut u8 {
         let at = if in_buffer {
             buffer_offset((seq % 2) as usize)
@@ -215,6 +221,7 @@ impl AreaSegment {
     }
 
     /// The descriptor of turn `seq`, in its slot after the slot's data.
+    #[inline]
     fn desc(&self, seq: u64) -> *mut [u8; DESC_BYTES] {
         let k = (seq % SLOTS) as usize;
         // SAFETY: the descriptor follows the data inside the mapping (byte-aligned type).
@@ -394,6 +401,7 @@ impl Area {
     }
 
     /// Ranks in the area.
+    #[inline]
     pub fn len(&self) -> usize {
         self.segments.len()
     }
@@ -404,6 +412,7 @@ impl Area {
     }
 
     /// Whether `bytes` of data for one turn go in the large buffer rather than the slot.
+    #[inline]
     pub fn in_buffer(bytes: usize) -> bool {
         bytes > SLOT_BYTES
     }
@@ -412,18 +421,21 @@ impl Area {
     /// before [`Area::publish`]: the turn's slot, or ([`Area::in_buffer`]) its large buffer.
     /// Writable once every rank has published `seq - lag` (the writer's lag, at most
     /// `SLOTS / 2`; [`Area::published`]), and for a large buffer `seq - 1`.
+    #[inline]
     pub fn my_buffer(&self, seq: u64, bytes: usize) -> *mut u8 {
         self.segments[self.rank].data(seq, Area::in_buffer(bytes))
     }
 
     /// Rank `r`'s large buffer of turn `seq`, as mapped in this process: read it only where
     /// `r` says it wrote it for this turn (and keeps it until this rank is done).
+    #[inline]
     pub fn buffer_of(&self, r: usize, seq: u64) -> *const u8 {
         self.segments[r].data(seq, true).cast_const()
     }
 
     /// Publishes this rank's turn `seq`: a descriptor, the length of the call's data `len`, and
     /// `bytes` of data written to [`Area::my_buffer`] (given the same `bytes`).
+    #[inline]
     pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize, bytes: usize) {
         let s = &self.segments[self.rank];
         // SAFETY: this rank owns its slot until it stamps it; peers read the descriptor only
@@ -441,6 +453,7 @@ impl Area {
     /// Rank `r`'s publication of turn `seq` if it is there (its data valid until this rank
     /// publishes `seq + 1`; its descriptor until every rank has published `seq + SLOTS - lag`,
     /// with `r`'s lag). A stamp beyond `seq` means `r` is already further: `Err`.
+    #[inline]
     pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
         let s = &self.segments[r];
         let h = s.head(seq);
@@ -465,6 +478,7 @@ impl Area {
     }
 
     /// Whether rank `r` has published turn `seq` (and so every turn before it).
+    #[inline]
     pub fn published(&self, r: usize, seq: u64) -> bool {
         // A slot's stamps only grow: a later turn in the same slot is later still.
         self.segments[r].head(seq).stamp.load(Ordering::Acquire) > seq
@@ -518,6 +532,7 @@ impl Area {
 
     /// The first other rank whose communicator failed ([`Area::fail`]), if any, and the rank
     /// it named at the root of the failure (itself where what it wrote is not a rank).
+    #[inline]
     pub fn failed_peer(&self) -> Option<(usize, usize)> {
         (0..self.segments.len()).find_map(|r| {
             let v = self.segments[r].header().failed.load(Ordering::Acquire);
@@ -543,6 +558,7 @@ impl Area {
     }
 
     /// Wakes peers sleeping on this rank (after a change they may wait for).
+    #[inline]
     fn ring(&self) {
         use std::sync::atomic::Ordering::{Relaxed, SeqCst};
         let bell = &self.segments[self.rank].header().bell;

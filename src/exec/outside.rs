@@ -13,24 +13,46 @@ use super::op::OpName;
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
+/// Why [`Engine::check_outside`] asks whether a peer has settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Look {
+    /// Its next call's descriptor waits on its link.
+    Ahead,
+    /// Its link closed, or the liveness monitor lost it.
+    Gone,
+}
+
 impl Engine {
     /// While this rank runs a collective outside the engine (the shared-area path), checks
     /// that no peer died, sent a failure notice, or started a different collective (its
     /// descriptor waiting on the link). On any of these the communicator fails, peers are
     /// told, and the error is returned.
     ///
-    /// A descriptor waiting on a peer's link is a mismatch only if `settled(peer)` says that
-    /// the peer has not finished this collective's part that this rank waits on: a peer that
-    /// finished it (through the area, one that published this turn with our descriptor: it
-    /// may read nothing from a rank this one still waits for) may already have started the
-    /// next call, whose descriptor then stays on the link for the engine.
+    /// A descriptor waiting on a peer's link is a mismatch only if `settled(peer,
+    /// Look::Ahead)` says that the peer has not finished this collective's part that this rank
+    /// waits on: a peer that finished it (through the area, one that published this turn with
+    /// our descriptor: it may read nothing from a rank this one still waits for) may already
+    /// have started the next call, whose descriptor then stays on the link for the engine.
+    ///
+    /// A peer whose link closed, or that the liveness monitor lost, fails the call unless
+    /// `settled(peer, Look::Gone)`, asked after its departure was seen, says that what this
+    /// rank waits for is there after all: a peer that finished its part returns and may exit
+    /// at once (the area keeps what it published). 3 ranks on 2 cores, a direct all-reduce:
+    /// rank 1 waited for rank 0 to finish, was descheduled between two looks, and by its look
+    /// at the links rank 0 had finished and rank 2 had returned and exited, so rank 1 reported
+    /// rank 2 failed. Having published this turn is not enough there (a two-shot rank killed
+    /// after publishing its copies never publishes its reduced slice).
     pub(super) fn check_outside(
         &mut self,
         name: &OpName,
         ours: &Descriptor,
-        settled: &mut dyn FnMut(Rank) -> bool,
+        settled: &mut dyn FnMut(Rank, Look) -> bool,
     ) -> Result<()> {
-        let mut found: Option<Error> = self.flags.lost().map(|(peer, cause)| Error::PeerFailed {
+        let lost = self
+            .flags
+            .lost()
+            .filter(|&(peer, _)| !settled(peer, Look::Gone));
+        let mut found: Option<Error> = lost.map(|(peer, cause)| Error::PeerFailed {
             rank: self.rank,
             peer,
             op: name.to_string(),
@@ -53,6 +75,9 @@ impl Engine {
                 break;
             }
             if let Err(e) = polled {
+                if settled(peer, Look::Gone) {
+                    continue;
+                }
                 found = Some(Error::PeerFailed {
                     rank: self.rank,
                     peer,
@@ -62,6 +87,9 @@ impl Engine {
                 break;
             }
             if link.peer_gone() {
+                if settled(peer, Look::Gone) {
+                    continue;
+                }
                 found = Some(Error::PeerFailed {
                     rank: self.rank,
                     peer,
@@ -71,7 +99,7 @@ impl Engine {
                 break;
             }
             if link.has_incoming() {
-                if settled(peer) {
+                if settled(peer, Look::Ahead) {
                     // The peer is ahead, rightly.
                     continue;
                 }

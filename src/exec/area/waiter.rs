@@ -11,6 +11,7 @@ use crate::exec::backoff::{Backoff, Phase};
 use crate::exec::descriptor::Descriptor;
 use crate::exec::driver::Engine;
 use crate::exec::op::OpName;
+use crate::exec::outside::Look;
 use crate::types::Rank;
 
 /// Yield until this long before sleeping.
@@ -102,9 +103,10 @@ impl<'a> Waiter<'a> {
             self.checked = Some(now);
             let area = self.area;
             // Nobody leaves a direct call before everybody finished it.
-            self.engine.check_outside(self.name, self.ours, &mut |_| {
-                area.unfinished(turn).is_none()
-            })?;
+            self.engine
+                .check_outside(self.name, self.ours, &mut |_, _| {
+                    area.unfinished(turn).is_none()
+                })?;
         }
         Ok(())
     }
@@ -116,7 +118,7 @@ impl<'a> Waiter<'a> {
         let until = Instant::now() + Duration::from_millis(100);
         let area = self.area;
         loop {
-            let settled = &mut |_| area.unfinished(turn).is_none();
+            let settled = &mut |_, _| area.unfinished(turn).is_none();
             if let Err(e) = self.engine.check_outside(self.name, self.ours, settled) {
                 return e;
             }
@@ -184,12 +186,14 @@ impl<'a> Waiter<'a> {
                 let (area, turn) = (self.area, self.turn);
                 let tag = oxccl_transport_shm::area::tag(&self.ours.encode());
                 // A peer that published this turn as we did has finished what it does in this
-                // call before its next one (it may read nothing from the rank we wait for).
-                let mut settled = |peer| {
+                // call before its next one (it may read nothing from the rank we wait for). One
+                // that is gone has failed us only if what we wait for is still not there.
+                let mut settled = |peer, look| {
                     ready().is_ok()
-                        || area
-                            .observe(peer, turn)
-                            .is_ok_and(|p| p.is_some_and(|p| p.tag == tag))
+                        || look == Look::Ahead
+                            && area
+                                .observe(peer, turn)
+                                .is_ok_and(|p| p.is_some_and(|p| p.tag == tag))
                 };
                 self.engine
                     .check_outside(self.name, self.ours, &mut settled)?;

@@ -75,9 +75,6 @@ impl Engine {
                 break;
             }
             if let Err(e) = polled {
-                if settled(peer, Look::Gone) {
-                    continue;
-                }
                 found = Some(Error::PeerFailed {
                     rank: self.rank,
                     peer,

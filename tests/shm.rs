@@ -237,26 +237,31 @@ fn check_area_collectives(comms: &[Communicator]) {
                     return Err(fail(&format!("in-place broadcast from {root}"), count));
                 }
             }
-            // reduce to rank 1: sum out of place, i32 product in place (the input elsewhere
-            // stays as it was)
+            // reduce: sum out of place, i32 product in place (the input elsewhere stays as it
+            // was), to rank 1, to rank 0 and to the last rank (a staged root folds its own
+            // bytes where they lie: first, second or later in rank order, in place or not)
             let all: Vec<f32> = (0..count)
                 .map(|i| (0..n).map(|q| value(q, i)).sum::<i64>() as f32)
                 .collect();
-            let mut out = vec![f32::NAN; count];
-            c.reduce(&mine, &mut out, ReduceOp::Sum, 1)
-                .map_err(|e| format!("reduce {count}: {e}"))?;
-            if r == 1 && out != all {
-                return Err(fail("reduce", count));
-            }
-            let ints: Vec<i32> = (0..count).map(|i| value(r, i) as i32).collect();
-            let mut buf = ints.clone();
-            c.reduce_in_place(&mut buf, ReduceOp::Prod, 1)
-                .map_err(|e| format!("reduce_in_place {count}: {e}"))?;
             let prod: Vec<i32> = (0..count)
                 .map(|i| (0..n).fold(1i32, |p, q| p.wrapping_mul(value(q, i) as i32)))
                 .collect();
-            if (r == 1 && buf != prod) || (r != 1 && buf != ints) {
-                return Err(fail("in-place reduce prod", count));
+            let mut roots = vec![0, 1, n - 1];
+            roots.dedup();
+            for root in roots {
+                let mut out = vec![f32::NAN; count];
+                c.reduce(&mine, &mut out, ReduceOp::Sum, root)
+                    .map_err(|e| format!("reduce {count} to {root}: {e}"))?;
+                if r == root && out != all {
+                    return Err(fail(&format!("reduce to {root}"), count));
+                }
+                let ints: Vec<i32> = (0..count).map(|i| value(r, i) as i32).collect();
+                let mut buf = ints.clone();
+                c.reduce_in_place(&mut buf, ReduceOp::Prod, root)
+                    .map_err(|e| format!("reduce_in_place {count} to {root}: {e}"))?;
+                if (r == root && buf != prod) || (r != root && buf != ints) {
+                    return Err(fail(&format!("in-place reduce prod to {root}"), count));
+                }
             }
             // gather to the last rank, scatter from rank 1, out of place and (the root's block
             // already where it belongs) in place

@@ -215,8 +215,16 @@ impl AreaPath {
         )
     }
 
-    /// One piece of a reduce: every rank publishes `len` bytes at `at` of its input; the root
-    /// folds them in rank order.
+    /// One piece of a reduce: every rank but the root publishes `len` bytes at `at` of its
+    /// input; the root folds them in rank order, reading its own contribution where it lies.
+    ///
+    /// The root's own bytes need no trip through the area (nobody else reads them): out of
+    /// place it combines the first two ranks' straight into its output, in place its output
+    /// already holds its own, which is rank 0's or, with 2 ranks, one of two operands of a
+    /// commutative operator (every operator is: `cpu`'s min/max are IEEE's). Only an in-place
+    /// root other than rank 0 of 3 or more ranks, which must fold ranks before it into the
+    /// buffer holding its own bytes, publishes them and folds its area copy. For 2 ranks that
+    /// moves the root from 7 streams of the piece (copy in, copy out, fold) to 3 (fold).
     fn reduce_piece(
         &self,
         w: &mut Waiter<'_>,
@@ -226,13 +234,20 @@ impl AreaPath {
         at: usize,
         len: usize,
     ) -> Result<()> {
-        let root = self.rank == plan.root;
-        let ours = if len > 0 {
+        let (n, me) = (self.area.len(), self.rank);
+        let root = me == plan.root;
+        let staged_own = root && b.in_place && me != 0 && n > 2;
+        let ours = if len == 0 {
+            Data::Copy([].as_ptr(), 0)
+        } else if root && !staged_own {
+            // The lag's wait of a claim, for our slot; nothing to copy.
+            self.claim(w, turn, 0)?;
+            Data::Claimed(0)
+        } else {
             // SAFETY: our input holds `at + len` bytes.
             Data::Copy(unsafe { b.src.add(at) }, len)
-        } else {
-            Data::Copy([].as_ptr(), 0)
         };
+        let combiner = plan.op.combiner();
         // The root reads everybody's; the others read nobody's (and may run ahead).
         self.exchange(
             w,
@@ -245,22 +260,43 @@ impl AreaPath {
                     return Ok(());
                 }
                 // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
-                // already published (copied into the area), so nothing reads it any more. `data`
-                // is area memory (mapped while the area lives), disjoint, left alone by its owner
-                // until this rank publishes `turn + 1`.
-                let (out, data) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(b.dst.add(at), len),
-                        Shared::new(data, len),
-                    )
-                };
-                fold_in(r, out, data, plan)
+                // which nothing else reads.
+                let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
+                // SAFETY: `data` is area memory (mapped while the area lives), disjoint from
+                // `out`, left alone by its owner until this rank publishes `turn + 1`; read
+                // for our own rank only where we published our bytes (`staged_own`).
+                let theirs = || unsafe { Shared::new(data, len) };
+                if staged_own {
+                    return fold_in(r, out, theirs(), plan);
+                }
+                if b.in_place {
+                    // `out` holds our own: rank 0's, or rank 1's of 2.
+                    return if r == me {
+                        Ok(())
+                    } else {
+                        cpu::reduce_shared(out, theirs(), plan.dtype, combiner)
+                    };
+                }
+                // SAFETY: out of place, our input holds `at + len` bytes, disjoint from `out`.
+                let own = || unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
+                // Ranks 0 and 1 combined in one pass where the root is one of them.
+                match (r, me) {
+                    (0, 0) if n == 1 => out.copy_from_slice(own()),
+                    (0, 0) | (1, 1) => {}
+                    (0, 1) | (1, 0) => {
+                        cpu::reduce_into_shared(out, own(), theirs(), plan.dtype, combiner)?
+                    }
+                    (0, _) => theirs().copy_to(out),
+                    (r, me) if r == me => cpu::reduce_bytes(out, own(), plan.dtype, combiner)?,
+                    _ => cpu::reduce_shared(out, theirs(), plan.dtype, combiner)?,
+                }
+                Ok(())
             },
         )?;
         if root && plan.op == ReduceOp::Avg && len > 0 {
             // SAFETY: as above.
             let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
-            cpu::divide_bytes(out, plan.dtype, self.area.len())?;
+            cpu::divide_bytes(out, plan.dtype, n)?;
         }
         Ok(())
     }

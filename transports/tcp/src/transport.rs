@@ -394,7 +394,19 @@ impl<'a> ConnectLoop<'a> {
     fn expire(&mut self, now: Instant) {
         for slot in 0..self.slots.len() {
             if self.slots[slot].as_ref().is_some_and(|h| h.expires <= now) {
-                self.fail(slot, "handshake timed out".into(), false);
+                // An attempt of ours runs until the deadline, so one cut off there says less
+                // than the failure of the attempt before it ("authentication failed", say),
+                // which the timeout's error must still name.
+                let before = self
+                    .outgoing
+                    .values()
+                    .find(|o| o.attempt == Some(slot))
+                    .and_then(|o| o.last_error.as_deref());
+                let reason = match before {
+                    Some(b) => format!("handshake timed out; the attempt before: {b}"),
+                    None => "handshake timed out".into(),
+                };
+                self.fail(slot, reason, false);
             }
         }
     }

@@ -60,10 +60,10 @@ ar() {
 }
 # Three rounds, each measuring everything once, so that the emulated device's swings (its
 # speed changes from minute to minute) fall on every column alike; ci.sh takes the medians.
-# The step's budget is five minutes: each round takes about a minute (an ib_write_bw of 16 MiB
-# spends most of its 11-14 s registering and connecting, an all-reduce run over rdma about 9 s
-# starting), so only the fair ceiling (both ways at once) is measured, 8 x 16 MiB (5, its least,
-# gave half the figure) and 30 x 1 MiB, and the all-reduce runs 3 timed calls of each size.
+# The step's budget is five minutes: each round takes about a minute (an ib_write_bw of 8 x 16
+# MiB 11-14 s, of which moving the bytes is 5-10 at this device's 13-27 MB/s; an all-reduce run
+# over rdma 15-18 s), so only the fair ceiling (both ways at once) is measured, 8 x 16 MiB and
+# 30 x 1 MiB, and the all-reduce runs 3 timed calls of each size.
 for run in 1 2 3; do
   bw 1048576 30 -b
   bw 16777216 8 -b

@@ -3,6 +3,7 @@
 //   oxccl_reduce(dst, src, n)         dst[i] = dst[i] op src[i]
 //   oxccl_reduce_into(out, a, b, n)   out[i] = a[i] op b[i]
 //   oxccl_divide(dst, n, by)          dst[i] = dst[i] / by      (the final step of avg)
+//   oxccl_reduce_multi(m)             out_j[i] = in_0[i] op ... op in_k[i], for every output j
 //
 // src/reduce/cuda/nvrtc.rs embeds this file with include_str! and compiles it with NVRTC at run
 // time, defining:
@@ -472,6 +473,93 @@ oxccl_reduce_into(T* out, const T* a, const T* b, ox_u64 n) {
     const ox_u64 head = head_len(out, n);
     Combine3Vec<Op> v = {(Vec16*)(out + head), (const Vec16*)(a + head), (const Vec16*)(b + head)};
     split(s, v, head, n);
+}
+
+// Up to OXCCL_MULTI inputs folded in order into every output: out_j[i] = in_0[i] op in_1[i] op
+// ... op in_{n_in-1}[i] for every j (then divided by `by` when it is not zero: avg). One input
+// makes it a copy to several outputs. The device-memory collectives of ranks that share a GPU
+// run on it: each element is read once from every input and written once to every output, the
+// least memory traffic a collective between buffers of one GPU can have. An output may be an
+// input (in place): each element is read, combined and written by one thread.
+#define OXCCL_MULTI 8
+
+struct Multi {
+    const T* in[OXCCL_MULTI];
+    T* out[OXCCL_MULTI];
+    ox_u64 n;
+    ox_u64 by;
+    ox_u32 n_in;
+    ox_u32 n_out;
+};
+
+__device__ __forceinline__ void multi_scalar(const Multi& m, ox_u64 lo, ox_u64 hi) {
+    const ox_u64 stride = grid_size();
+    for (ox_u64 i = lo + thread_index(); i < hi; i += stride) {
+        T acc = m.in[0][i];
+        for (ox_u32 k = 1; k < m.n_in; ++k) acc = Op::template apply<Elem>(acc, m.in[k][i]);
+        if (m.by != 0) acc = Elem::divide(acc, m.by);
+        for (ox_u32 k = 0; k < m.n_out; ++k) m.out[k][i] = acc;
+    }
+}
+
+// The vectors [0, nvec) of every operand advanced by `head` elements (all 16-byte aligned there).
+__device__ __forceinline__ void multi_vec(const Multi& m, ox_u64 head, ox_u64 nvec) {
+    const ox_u64 stride = grid_size();
+    for (ox_u64 base = thread_index(); base < nvec; base += stride * UNROLL) {
+        Lanes acc[UNROLL];
+        const Vec16* first = (const Vec16*)(m.in[0] + head);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            ox_u64 i = base + u * stride;
+            if (i < nvec) acc[u].v = first[i];
+        }
+        for (ox_u32 k = 1; k < m.n_in; ++k) {
+            const Vec16* src = (const Vec16*)(m.in[k] + head);
+            Lanes x[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                ox_u64 i = base + u * stride;
+                if (i < nvec) x[u].v = src[i];
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+                for (int l = 0; l < VEC; ++l) acc[u].e[l] = Op::template apply<Elem>(acc[u].e[l], x[u].e[l]);
+            }
+        }
+        if (m.by != 0) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+                for (int l = 0; l < VEC; ++l) acc[u].e[l] = Elem::divide(acc[u].e[l], m.by);
+            }
+        }
+        for (ox_u32 k = 0; k < m.n_out; ++k) {
+            Vec16* dst = (Vec16*)(m.out[k] + head);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                ox_u64 i = base + u * stride;
+                if (i < nvec) dst[i] = acc[u].v;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(OXCCL_THREADS)
+oxccl_reduce_multi(const Multi m) {
+    const ox_u64 mis = (ox_u64)m.in[0] & 15u;
+    bool aligned = true;
+    for (ox_u32 k = 1; k < m.n_in; ++k) aligned = aligned && (((ox_u64)m.in[k] & 15u) == mis);
+    for (ox_u32 k = 0; k < m.n_out; ++k) aligned = aligned && (((ox_u64)m.out[k] & 15u) == mis);
+    if (!aligned) {
+        multi_scalar(m, 0, m.n);
+        return;
+    }
+    const ox_u64 head = head_len(m.in[0], m.n);
+    const ox_u64 nvec = (m.n - head) / VEC;
+    multi_scalar(m, 0, head);
+    multi_vec(m, head, nvec);
+    multi_scalar(m, head + nvec * VEC, m.n);
 }
 
 #else

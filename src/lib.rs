@@ -86,6 +86,8 @@ pub const MAX_RANKS: usize = 1 << 20;
 pub const MAX_LOCAL_RANKS: usize = 4096;
 
 pub use bootstrap::UniqueId;
+#[cfg(feature = "cuda")]
+pub use comm::NativeCall;
 pub use comm::{Calibration, Communicator, Group, Pending, RawMessage, Registration};
 pub use config::{Config, Tune};
 pub use error::{Error, Result};

@@ -1,7 +1,9 @@
 //! Collectives on CUDA device memory through the communicator (`Communicator::*_device`,
-//! feature `cuda`): 4 ranks as threads on device 0, each with a stream of its own; every
-//! collective with device buffers, in place and out of place, for several data types and
-//! operators, on an odd element count, against a reference computed here element by element.
+//! feature `cuda`): 4 (also 2 and 3) ranks as threads on device 0, each with a stream of its
+//! own, so the calls take the device path (`comm/native.rs`); every collective with device
+//! buffers, in place and out of place, for every data type family and operator, on an odd
+//! element count, against a reference computed here element by element. Calls enqueued back to
+//! back, calls that differ between ranks and a rank that never calls are checked too.
 //! Rooted collectives must leave the device memory they ignore untouched, bad sizes must be an
 //! error naming the rank and the call, and the stream's order must hold: the input is written by
 //! stream work enqueued just before the call, and the output read by stream work enqueued just
@@ -75,24 +77,64 @@ macro_rules! float_value {
 float_value!(f32, DataType::F32);
 float_value!(f64, DataType::F64);
 
-impl Value for i32 {
-    const DTYPE: DataType = DataType::I32;
-    fn of(x: i64) -> Self {
-        x as i32
-    }
-    fn over(_: i32, _: usize) -> i32 {
-        unreachable!("Avg is not run on integers here")
-    }
-    fn combine(op: ReduceOp, a: i32, b: i32) -> i32 {
-        match op {
-            ReduceOp::Sum => a.wrapping_add(b),
-            ReduceOp::Prod => a.wrapping_mul(b),
-            ReduceOp::Min => a.min(b),
-            ReduceOp::Max => a.max(b),
-            _ => unreachable!("{op:?}"),
+/// The 16-bit floats: `half` rounds to the type after every operation, as the kernels do
+/// (products of 4 ranks' values are inexact in bf16, and rounded the same way in both).
+macro_rules! half_value {
+    ($t:ty, $d:expr) => {
+        impl Value for $t {
+            const DTYPE: DataType = $d;
+            fn of(x: i64) -> Self {
+                <$t>::from_f64(x as f64)
+            }
+            fn over(sum: $t, n: usize) -> $t {
+                <$t>::from_f64(sum.to_f64() / n as f64)
+            }
+            fn combine(op: ReduceOp, a: $t, b: $t) -> $t {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    _ => unreachable!("{op:?}"),
+                }
+            }
         }
-    }
+    };
 }
+half_value!(half::f16, DataType::F16);
+half_value!(half::bf16, DataType::BF16);
+
+/// The integers: wrapping arithmetic and the bitwise operators.
+macro_rules! int_value {
+    ($t:ty, $d:expr) => {
+        impl Value for $t {
+            const DTYPE: DataType = $d;
+            fn of(x: i64) -> Self {
+                x as $t
+            }
+            fn over(_: $t, _: usize) -> $t {
+                unreachable!("Avg is not run on integers here")
+            }
+            fn combine(op: ReduceOp, a: $t, b: $t) -> $t {
+                match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::BAnd => a & b,
+                    ReduceOp::BOr => a | b,
+                    ReduceOp::BXor => a ^ b,
+                    _ => unreachable!("{op:?}"),
+                }
+            }
+        }
+    };
+}
+int_value!(i8, DataType::I8);
+int_value!(u8, DataType::U8);
+int_value!(i32, DataType::I32);
+int_value!(i64, DataType::I64);
+int_value!(u64, DataType::U64);
 
 /// Rank `r`'s element `i`: small integers (exact in every type, products of 4 stay small),
 /// negative for some ranks so min and max differ from first and last.
@@ -100,14 +142,15 @@ fn v<T: Value>(r: usize, i: usize) -> T {
     T::of(((i * 7 + r * 3) % 5) as i64 + 1 - (r % 2) as i64 * 3)
 }
 
-/// The reference: `op` over every rank's element `i` (Avg: the sum over the rank count).
-fn folded<T: Value>(op: ReduceOp, i: usize) -> T {
+/// The reference: `op` over the element `i` of every one of `ranks` ranks, in rank order (Avg:
+/// the sum over the rank count).
+fn folded<T: Value>(op: ReduceOp, i: usize, ranks: usize) -> T {
     let mut acc = v::<T>(0, i);
-    for r in 1..RANKS {
+    for r in 1..ranks {
         acc = T::combine(op, acc, v(r, i));
     }
     if op == ReduceOp::Avg {
-        return T::over(acc, RANKS);
+        return T::over(acc, ranks);
     }
     acc
 }
@@ -137,7 +180,12 @@ type Rank<'a> = (usize, &'a Communicator, Arc<CudaStream>);
 
 /// Runs `f` on every rank at once, each on a thread with a stream of its own.
 fn on_every_rank(ctx: &Arc<CudaContext>, f: impl Fn(Rank<'_>) + Sync) {
-    let comms = Communicator::init_local(RANKS, Config::default()).unwrap();
+    on_ranks(ctx, RANKS, f)
+}
+
+/// [`on_every_rank`] with `ranks` ranks.
+fn on_ranks(ctx: &Arc<CudaContext>, ranks: usize, f: impl Fn(Rank<'_>) + Sync) {
+    let comms = Communicator::init_local(ranks, Config::default()).unwrap();
     std::thread::scope(|s| {
         for (r, c) in comms.iter().enumerate() {
             let stream = ctx.new_stream().unwrap();
@@ -149,13 +197,17 @@ fn on_every_rank(ctx: &Arc<CudaContext>, f: impl Fn(Rank<'_>) + Sync) {
 
 const SENTINEL: u8 = 0xab;
 
-fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
+fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp], ranks: usize) {
     let dtype = T::DTYPE;
-    on_every_rank(ctx, |(r, c, s)| {
-        let what = |name: &str, op: Option<ReduceOp>| format!("rank {r}: {name} {dtype} {op:?}");
+    on_ranks(ctx, ranks, |(r, c, s)| {
+        // Threads of one process: the device path, not host staging.
+        assert!(c.device_native(), "rank {r} of {ranks}: not device-native");
+        let what = |name: &str, op: Option<ReduceOp>| {
+            format!("rank {r} of {ranks}: {name} {dtype} {op:?}")
+        };
         for &op in ops {
             // all-reduce, out of place and in place.
-            let want: Vec<T> = (0..N).map(|i| folded(op, i)).collect();
+            let want: Vec<T> = (0..N).map(|i| folded(op, i, ranks)).collect();
             let send = put(&s, &bytes(&input::<T>(r, 1)));
             let mut recv = s.alloc_zeros::<u8>(N * dtype.size()).unwrap();
             c.all_reduce_device(&send, &mut recv, dtype, op, &s)
@@ -177,7 +229,7 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
             );
 
             // reduce to rank 2: the others' output is left alone.
-            let root = 2;
+            let root = ranks - 1;
             let send = put(&s, &bytes(&input::<T>(r, 1)));
             let mut recv = put(&s, &vec![SENTINEL; N * dtype.size()]);
             c.reduce_device(&send, &mut recv, dtype, op, root, &s)
@@ -208,9 +260,9 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
                 what("reduce in place", Some(op))
             );
 
-            // reduce-scatter: block r of the fold of every rank's RANKS blocks.
-            let want: Vec<T> = (0..N).map(|i| folded(op, r * N + i)).collect();
-            let send = put(&s, &bytes(&input::<T>(r, RANKS)));
+            // reduce-scatter: block r of the fold of every rank's ranks blocks.
+            let want: Vec<T> = (0..N).map(|i| folded(op, r * N + i, ranks)).collect();
+            let send = put(&s, &bytes(&input::<T>(r, ranks)));
             let mut recv = s.alloc_zeros::<u8>(N * dtype.size()).unwrap();
             c.reduce_scatter_device(&send, &mut recv, dtype, op, &s)
                 .unwrap();
@@ -221,7 +273,7 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
                 what("reduce-scatter", Some(op))
             );
             // In place: block r of the whole buffer.
-            let mut buf = put(&s, &bytes(&input::<T>(r, RANKS)));
+            let mut buf = put(&s, &bytes(&input::<T>(r, ranks)));
             c.reduce_scatter_device_in_place(&mut buf, dtype, op, &s)
                 .unwrap();
             let got = get::<T>(&s, &buf);
@@ -248,13 +300,13 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
         );
 
         // all-gather: block q is rank q's input.
-        let want: Vec<T> = (0..RANKS * N).map(|i| v(i / N, i % N)).collect();
+        let want: Vec<T> = (0..ranks * N).map(|i| v(i / N, i % N)).collect();
         let send = put(&s, &bytes(&input::<T>(r, 1)));
-        let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
+        let mut recv = s.alloc_zeros::<u8>(ranks * N * dtype.size()).unwrap();
         c.all_gather_device(&send, &mut recv, dtype, &s).unwrap();
         assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-gather", None));
         // In place: this rank's input already at block r of the whole buffer.
-        let mut whole = vec![T::of(0); RANKS * N];
+        let mut whole = vec![T::of(0); ranks * N];
         whole[r * N..(r + 1) * N].copy_from_slice(&input::<T>(r, 1));
         let mut buf = put(&s, &bytes(&whole));
         c.all_gather_device_in_place(&mut buf, dtype, &s).unwrap();
@@ -266,12 +318,12 @@ fn every_collective<T: Value>(ctx: &Arc<CudaContext>, ops: &[ReduceOp]) {
         );
 
         // all-to-all: block q comes from rank q's block r.
-        let want: Vec<T> = (0..RANKS * N).map(|i| v(i / N, r * N + i % N)).collect();
-        let send = put(&s, &bytes(&input::<T>(r, RANKS)));
-        let mut recv = s.alloc_zeros::<u8>(RANKS * N * dtype.size()).unwrap();
+        let want: Vec<T> = (0..ranks * N).map(|i| v(i / N, r * N + i % N)).collect();
+        let send = put(&s, &bytes(&input::<T>(r, ranks)));
+        let mut recv = s.alloc_zeros::<u8>(ranks * N * dtype.size()).unwrap();
         c.all_to_all_device(&send, &mut recv, dtype, &s).unwrap();
         assert_eq!(get::<T>(&s, &recv), want, "{}", what("all-to-all", None));
-        let mut buf = put(&s, &bytes(&input::<T>(r, RANKS)));
+        let mut buf = put(&s, &bytes(&input::<T>(r, ranks)));
         c.all_to_all_device_in_place(&mut buf, dtype, &s).unwrap();
         assert_eq!(
             get::<T>(&s, &buf),
@@ -294,12 +346,26 @@ fn every_collective_on_device_memory_matches_the_reference() {
         ReduceOp::Max,
         ReduceOp::Avg,
     ];
-    every_collective::<f32>(&ctx, &floats);
-    every_collective::<f64>(&ctx, &floats);
-    every_collective::<i32>(
-        &ctx,
-        &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max],
-    );
+    let ints = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::BAnd,
+        ReduceOp::BOr,
+        ReduceOp::BXor,
+    ];
+    for ranks in [RANKS, 2, 3] {
+        every_collective::<f32>(&ctx, &floats, ranks);
+        every_collective::<i32>(&ctx, &ints, ranks);
+    }
+    every_collective::<f64>(&ctx, &floats, RANKS);
+    every_collective::<half::f16>(&ctx, &floats, RANKS);
+    every_collective::<half::bf16>(&ctx, &floats, RANKS);
+    every_collective::<i8>(&ctx, &ints, RANKS);
+    every_collective::<u8>(&ctx, &ints, RANKS);
+    every_collective::<i64>(&ctx, &ints, RANKS);
+    every_collective::<u64>(&ctx, &ints, RANKS);
 }
 
 #[test]
@@ -331,6 +397,95 @@ fn stream_order_holds_on_both_sides_of_a_call() {
             assert_eq!(got, want, "rank {r} round {round}");
         }
     });
+}
+
+/// Calls enqueued back to back with no host synchronisation: every call's result is the next
+/// one's input (in place), so a reused event that let a call run early would show.
+#[test]
+fn back_to_back_device_calls_keep_their_order() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    const ROUNDS: i32 = 12;
+    on_every_rank(&ctx, |(r, c, s)| {
+        let mut buf = put(&s, &bytes(&vec![1.0f32; N]));
+        for _ in 0..ROUNDS {
+            c.all_reduce_device_in_place(&mut buf, DataType::F32, ReduceOp::Sum, &s)
+                .unwrap();
+        }
+        let want = (RANKS as f32).powi(ROUNDS);
+        assert!(
+            get::<f32>(&s, &buf).iter().all(|&x| x == want),
+            "rank {r}: not {want} after {ROUNDS} in-place sums"
+        );
+    });
+}
+
+/// Ranks whose device calls differ get a mismatch naming both calls; a rank whose peer never
+/// calls gets a timeout naming that peer, and leaves its buffers alone (the call that peer
+/// makes later does not run on them: it waits for a partner and times out in turn).
+#[test]
+fn device_calls_that_differ_or_never_come_are_errors() {
+    let Some(ctx) = context_or_skip() else {
+        return;
+    };
+    let config = Config {
+        timeout: std::time::Duration::from_millis(1500),
+        ..Config::default()
+    };
+    let comms = Communicator::init_local(2, config).unwrap();
+    std::thread::scope(|sc| {
+        for (r, c) in comms.iter().enumerate() {
+            let s = ctx.new_stream().unwrap();
+            sc.spawn(move || {
+                let n = if r == 0 { N } else { N + 1 };
+                let mut buf = s.alloc_zeros::<u8>(n * 4).unwrap();
+                let e = c
+                    .all_reduce_device_in_place(&mut buf, DataType::F32, ReduceOp::Sum, &s)
+                    .unwrap_err();
+                assert!(matches!(e, Error::Mismatch { .. }), "rank {r}: {e}");
+                let msg = e.to_string();
+                assert!(msg.contains(&format!("rank {r}")), "{msg}");
+                assert!(
+                    msg.contains(&N.to_string()) && msg.contains(&(N + 1).to_string()),
+                    "{msg}"
+                );
+            });
+        }
+    });
+    // Rank 1 calls only after rank 0 gave up: both time out, rank 0 naming rank 1.
+    let s0 = ctx.new_stream().unwrap();
+    let mut b0 = put(&s0, &bytes(&vec![7.0f32; N]));
+    let t = std::time::Instant::now();
+    let e = comms[0]
+        .all_reduce_device_in_place(&mut b0, DataType::F32, ReduceOp::Sum, &s0)
+        .unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Timeout {
+                rank: 0,
+                peer: Some(1),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let s1 = ctx.new_stream().unwrap();
+    let mut b1 = put(&s1, &bytes(&vec![5.0f32; N]));
+    let e = comms[1]
+        .all_reduce_device_in_place(&mut b1, DataType::F32, ReduceOp::Sum, &s1)
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { rank: 1, .. }), "{e}");
+    assert!(
+        get::<f32>(&s0, &b0).iter().all(|&x| x == 7.0),
+        "rank 0's buffer was touched"
+    );
+    assert!(
+        get::<f32>(&s1, &b1).iter().all(|&x| x == 5.0),
+        "rank 1's buffer was touched"
+    );
 }
 
 #[test]

@@ -424,6 +424,9 @@ fn on_device_collective(
     stream: oxcclStream_t,
 ) -> Outcome {
     let (stream, deadline) = device_call(entry, stream)?;
+    if premul.is_none() && native(entry, plan, &buffers, stream)? {
+        return Ok(());
+    }
     match buffers {
         Buffers::Shared(buf) => {
             let (p, len) = buf.write()?;
@@ -446,7 +449,6 @@ fn on_device_collective(
             unsafe { upload(host, p.cast(), stream, deadline) }
         }
         Buffers::Apart { send, recv } => {
-            send.disjoint(&recv)?;
             let (sp, slen) = send.read()?;
             let (rp, rlen) = recv.write()?;
             let mut first = None;
@@ -458,6 +460,8 @@ fn on_device_collective(
                 device_memory(rp.cast_const().cast(), rlen, recv.name)?;
                 first = first.or(Some(rp.cast_const().cast()));
             }
+            // Host memory with a stream is named first; overlapping device buffers after.
+            send.disjoint(&recv)?;
             let _ctx = first.map(|p| Pushed::for_call(p, stream)).transpose()?;
             // SAFETY: device memory (checked) of `slen` bytes (the caller's contract).
             let input = unsafe { download(sp.cast(), slen, stream, deadline) }?;
@@ -466,10 +470,7 @@ fn on_device_collective(
             let mut output = unsafe { Staging::new(rlen) };
             issue(entry, host_job(plan, &mut output, Some(&input), premul))?;
             if in_group() {
-                hold(Held {
-                    host: input,
-                    back: None,
-                });
+                hold(Held::input(input));
                 hold(Held::back(output, rp.cast(), stream, deadline));
                 return Ok(());
             }
@@ -478,6 +479,63 @@ fn on_device_collective(
             unsafe { upload(output, rp.cast(), stream, deadline) }
         }
     }
+}
+
+/// Runs `plan` on the device between the ranks' buffers when every rank of the communicator is
+/// in this process (oxccl's `Communicator::device_deposit`): `Ok(true)` when it did (enqueued on
+/// `stream`, or, inside a group, deposited and completed by `oxcclGroupEnd`), `Ok(false)` when
+/// the call is to be staged through host memory.
+fn native(
+    entry: &Arc<Entry>,
+    plan: Plan,
+    buffers: &Buffers,
+    stream: sys::CUstream,
+) -> Result<bool, Failure> {
+    let comm = entry.comm()?;
+    if !comm.device_native() {
+        return Ok(false);
+    }
+    let (plan, send, recv) = match buffers {
+        Buffers::Shared(buf) => {
+            let (p, len) = buf.write()?;
+            if len > 0 {
+                device_memory(p.cast(), len, buf.name)?;
+            }
+            (plan.in_place(true), p as u64, p as u64)
+        }
+        Buffers::Apart { send, recv } => {
+            let (sp, slen) = send.read()?;
+            let (rp, rlen) = recv.write()?;
+            if slen > 0 {
+                device_memory(sp.cast(), slen, send.name)?;
+            }
+            if rlen > 0 {
+                device_memory(rp.cast_const().cast(), rlen, recv.name)?;
+            }
+            send.disjoint(recv)?;
+            let s = if slen > 0 { sp as u64 } else { 0 };
+            let r = if rlen > 0 { rp as u64 } else { 0 };
+            (plan, s, r)
+        }
+    };
+    let first = [send, recv].into_iter().find(|&p| p != 0).unwrap_or(0);
+    let _ctx = Pushed::for_call(first as *const c_void, stream)?;
+    // SAFETY: the buffers are device memory (checked) of the sizes the plan was made from (the
+    // caller's contract), the stream's context is current; the call is completed below or, in
+    // a group, by `oxcclGroupEnd`, as NCCL's contract keeps the buffers until then.
+    let call = unsafe { comm.device_deposit(plan, send, recv, stream) }.map_err(Failure::from)?;
+    let Some(call) = call else {
+        return Ok(false);
+    };
+    if in_group() {
+        hold(Held {
+            host: None,
+            back: None,
+            native: Some((call, first, stream)),
+        });
+        return Ok(true);
+    }
+    call.complete().map_err(Failure::from)
 }
 
 /// The checks every call on device memory makes: a blocking communicator and a loaded driver.
@@ -569,7 +627,7 @@ unsafe fn on_device_message(
     });
     issue(entry, job)?;
     match (send, in_group()) {
-        (true, true) => hold(Held { host, back: None }),
+        (true, true) => hold(Held::input(host)),
         (false, true) => hold(Held::back(host, ptr, stream, deadline)),
         (true, false) => {}
         // SAFETY: device memory (checked) of `len` bytes (the caller's contract).
@@ -581,8 +639,11 @@ unsafe fn on_device_message(
 /// A host copy of device memory that an open group's kept operation uses, and where the result
 /// goes back once the group has run (`None`: an input).
 pub(crate) struct Held {
-    host: Staging,
+    host: Option<Staging>,
     back: Option<(*mut c_void, sys::CUstream, (usize, std::time::Duration))>,
+    /// A call run on the device (`native`): completed at the group's end, in the context of
+    /// its first buffer and stream.
+    native: Option<(oxccl_core::NativeCall, u64, sys::CUstream)>,
 }
 
 impl Held {
@@ -593,8 +654,17 @@ impl Held {
         deadline: (usize, std::time::Duration),
     ) -> Held {
         Held {
-            host,
+            host: Some(host),
             back: Some((dst, stream, deadline)),
+            native: None,
+        }
+    }
+
+    fn input(host: Staging) -> Held {
+        Held {
+            host: Some(host),
+            back: None,
+            native: None,
         }
     }
 }
@@ -603,7 +673,32 @@ impl Held {
 /// waiting for each; the first failure is returned after all were tried.
 pub(crate) fn put_back(held: Vec<Held>) -> Outcome {
     let mut first = Ok(());
-    for Held { host, back } in held {
+    for Held { host, back, native } in held {
+        if let Some((call, ptr, stream)) = native {
+            // Completed whatever happened to the group: other ranks' kernels may be enqueued
+            // on this rank's buffers, and its stream must wait for them.
+            let r = Pushed::for_call(ptr as *const c_void, stream).and_then(|ctx| {
+                let r = match call.complete() {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(Failure {
+                        code: oxcclInvalidUsage,
+                        message: "a collective on device memory inside a group whose ranks' \
+                                  streams are of different CUDA contexts (not supported yet)"
+                            .into(),
+                    }),
+                    Err(e) => Err(Failure::from(e)),
+                };
+                drop(ctx);
+                r
+            });
+            if first.is_ok() {
+                first = r;
+            }
+            continue;
+        }
+        let Some(host) = host else {
+            continue;
+        };
         // An input, or an empty result (a non-root's receive buffer, maybe NULL): nothing to
         // copy, and no context to look for.
         let Some((dst, stream, deadline)) = back.filter(|_| !host.is_empty()) else {

@@ -33,13 +33,19 @@ const NONE_IN: (*const u8, usize) = (std::ptr::null(), 0);
 const NONE_OUT: (*mut u8, usize) = (std::ptr::null_mut(), 0);
 
 impl Communicator {
-    fn invalid(&self, c: Collective, why: String) -> Error {
+    pub(super) fn invalid(&self, c: Collective, why: String) -> Error {
         Error::InvalidArgument(format!("rank {}: {c}: {why}", self.rank()))
     }
 
     /// Elements in `len` bytes of `dtype`, or an error naming the buffer.
     #[inline]
-    fn elements(&self, c: Collective, what: &str, len: usize, dtype: DataType) -> Result<usize> {
+    pub(super) fn elements(
+        &self,
+        c: Collective,
+        what: &str,
+        len: usize,
+        dtype: DataType,
+    ) -> Result<usize> {
         if !len.is_multiple_of(dtype.size()) {
             return Err(self.invalid(
                 c,
@@ -50,7 +56,7 @@ impl Communicator {
     }
 
     #[inline]
-    fn expect(
+    pub(super) fn expect(
         &self,
         c: Collective,
         what: &str,
@@ -72,7 +78,7 @@ impl Communicator {
     }
 
     #[inline]
-    fn check_op(&self, c: Collective, op: ReduceOp, dtype: DataType) -> Result<()> {
+    pub(super) fn check_op(&self, c: Collective, op: ReduceOp, dtype: DataType) -> Result<()> {
         if !op.supports(dtype) {
             return Err(self.invalid(c, format!("operator {op} is not defined on {dtype}")));
         }
@@ -80,7 +86,7 @@ impl Communicator {
     }
 
     #[inline]
-    fn check_root(&self, c: Collective, root: Rank) -> Result<()> {
+    pub(super) fn check_root(&self, c: Collective, root: Rank) -> Result<()> {
         if root >= self.size() {
             return Err(self.invalid(
                 c,
@@ -93,7 +99,7 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_divisible(&self, c: Collective, what: &str, elems: usize) -> Result<usize> {
+    pub(super) fn check_divisible(&self, c: Collective, what: &str, elems: usize) -> Result<usize> {
         if !elems.is_multiple_of(self.size()) {
             return Err(self.invalid(
                 c,

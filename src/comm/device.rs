@@ -1,4 +1,6 @@
-//! Collectives on CUDA device memory (feature `cuda`), staged through host memory: the
+//! Collectives on CUDA device memory (feature `cuda`). Where every rank is in this process
+//! (threads on one GPU), a call runs on the device between the ranks' buffers and returns once
+//! enqueued (`native.rs`). Otherwise it is staged through host memory: the
 //! communicator copies what the call reads from the device on the caller's stream (after
 //! everything the stream already holds), runs the collective on the host engine like any
 //! other, and enqueues the copy of the result back on the same stream, so the stream's later
@@ -17,7 +19,7 @@
 
 use std::sync::Arc;
 
-use crate::algo::Collective;
+use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::cuda::{self, CudaStream, DevicePtr, DevicePtrMut, Staging};
 use crate::types::{DataType, Rank, ReduceOp};
@@ -177,6 +179,73 @@ impl Communicator {
         self.upload_and_wait(c, stream, b, buf)
     }
 
+    /// Whether calls of this communicator may take the device path; if so, binds `stream`'s
+    /// context to this thread for the deposit.
+    fn native_ready(&self, c: Collective, stream: &Arc<CudaStream>) -> Result<bool> {
+        if !self.device_native() {
+            return Ok(false);
+        }
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.device_error(c, format!("binding the stream's context: {e}")))?;
+        Ok(true)
+    }
+
+    /// Runs `plan` on the device, between the ranks' buffers, when every rank is in this
+    /// process (`native.rs`): `Ok(true)` when it did (enqueued on `stream`), `Ok(false)` when the
+    /// call must be staged. `send`/`recv` are `None` where the plan does not use them on this rank.
+    fn native<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        plan: Plan,
+        stream: &Arc<CudaStream>,
+        send: Option<&S>,
+        recv: Option<&mut D>,
+    ) -> Result<bool> {
+        if !self.native_ready(plan.collective, stream)? {
+            return Ok(false);
+        }
+        let (s, _send_done) = match send {
+            Some(b) => {
+                let (p, g) = b.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (r, _recv_done) = match recv {
+            Some(b) => {
+                let (p, g) = b.device_ptr_mut(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        // SAFETY: the context of `stream` is current; the buffers are live device memory of
+        // cudarc's in it, of the sizes the plan was checked against, ordered on `stream` by the
+        // guards (held until the call is complete, so their events come after its wait).
+        match unsafe { self.device_deposit(plan, s, r, stream.cu_stream()) }? {
+            None => Ok(false),
+            Some(call) => call.complete(),
+        }
+    }
+
+    /// [`Communicator::native`] in place: `buf` is both the input and the output.
+    fn native_in_place<D: DevicePtrMut<u8>>(
+        &self,
+        plan: Plan,
+        stream: &Arc<CudaStream>,
+        buf: &mut D,
+    ) -> Result<bool> {
+        if !self.native_ready(plan.collective, stream)? {
+            return Ok(false);
+        }
+        let (p, _done) = buf.device_ptr_mut(stream);
+        // SAFETY: as in `native`.
+        match unsafe { self.device_deposit(plan.in_place(true), p, p, stream.cu_stream()) }? {
+            None => Ok(false),
+            Some(call) => call.complete(),
+        }
+    }
+
     /// [`Communicator::all_reduce_bytes`] on device memory, ordered on `stream`.
     pub fn all_reduce_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
         &self,
@@ -186,13 +255,17 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.staged(
-            Collective::AllReduce,
-            stream,
-            Some(send),
-            Some(recv),
-            |c, i, o| c.all_reduce_bytes(i, o, dtype, op),
-        )
+        let c = Collective::AllReduce;
+        let count = self.elements(c, "send", send.len(), dtype)?;
+        self.expect(c, "recv", recv.len(), send.len(), dtype)?;
+        self.check_op(c, op, dtype)?;
+        let plan = Plan::new(c, count, dtype).op(op);
+        if self.native(plan, stream, Some(send), Some(&mut *recv))? {
+            return Ok(());
+        }
+        self.staged(c, stream, Some(send), Some(recv), |c, i, o| {
+            c.all_reduce_bytes(i, o, dtype, op)
+        })
     }
 
     /// [`Communicator::all_reduce_in_place_bytes`] on device memory, ordered on `stream`.
@@ -203,7 +276,13 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.staged_in_place(Collective::AllReduce, stream, buf, |c, b| {
+        let c = Collective::AllReduce;
+        let count = self.elements(c, "buf", buf.len(), dtype)?;
+        self.check_op(c, op, dtype)?;
+        if self.native_in_place(Plan::new(c, count, dtype).op(op), stream, buf)? {
+            return Ok(());
+        }
+        self.staged_in_place(c, stream, buf, |c, b| {
             c.all_reduce_in_place_bytes(b, dtype, op)
         })
     }
@@ -218,7 +297,17 @@ impl Communicator {
         root: Rank,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::Broadcast;
+        self.check_root(c, root)?;
+        let count = self.elements(c, "recv", recv.len(), dtype)?;
+        if self.rank() == root {
+            self.expect(c, "send", send.len(), recv.len(), dtype)?;
+        }
         let send = (self.rank() == root).then_some(send);
+        let plan = Plan::new(c, count, dtype).root(root);
+        if self.native(plan, stream, send, Some(&mut *recv))? {
+            return Ok(());
+        }
         self.staged(
             Collective::Broadcast,
             stream,
@@ -236,6 +325,12 @@ impl Communicator {
         root: Rank,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::Broadcast;
+        self.check_root(c, root)?;
+        let count = self.elements(c, "buf", buf.len(), dtype)?;
+        if self.native_in_place(Plan::new(c, count, dtype).root(root), stream, buf)? {
+            return Ok(());
+        }
         self.staged_in_place(Collective::Broadcast, stream, buf, |c, b| {
             c.broadcast_in_place_bytes(b, dtype, root)
         })
@@ -252,7 +347,18 @@ impl Communicator {
         root: Rank,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let recv = (self.rank() == root).then_some(recv);
+        let c = Collective::Reduce;
+        self.check_root(c, root)?;
+        self.check_op(c, op, dtype)?;
+        let count = self.elements(c, "send", send.len(), dtype)?;
+        if self.rank() == root {
+            self.expect(c, "recv", recv.len(), send.len(), dtype)?;
+        }
+        let mut recv = (self.rank() == root).then_some(recv);
+        let plan = Plan::new(c, count, dtype).op(op).root(root);
+        if self.native(plan, stream, Some(send), recv.as_deref_mut())? {
+            return Ok(());
+        }
         self.staged(Collective::Reduce, stream, Some(send), recv, |c, i, o| {
             c.reduce_bytes(i, o, dtype, op, root)
         })
@@ -268,6 +374,13 @@ impl Communicator {
         root: Rank,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::Reduce;
+        self.check_root(c, root)?;
+        self.check_op(c, op, dtype)?;
+        let count = self.elements(c, "buf", buf.len(), dtype)?;
+        if self.native_in_place(Plan::new(c, count, dtype).op(op).root(root), stream, buf)? {
+            return Ok(());
+        }
         if self.rank() != root {
             // A non-root's buffer is its input only: read, never written back.
             let mut input = self.download(Collective::Reduce, stream, buf)?;
@@ -286,6 +399,17 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::AllGather;
+        let count = self.elements(c, "send", send.len(), dtype)?;
+        self.expect(c, "recv", recv.len(), send.len() * self.size(), dtype)?;
+        if self.native(
+            Plan::new(c, count, dtype),
+            stream,
+            Some(send),
+            Some(&mut *recv),
+        )? {
+            return Ok(());
+        }
         self.staged(
             Collective::AllGather,
             stream,
@@ -302,6 +426,12 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::AllGather;
+        let total = self.elements(c, "buf", buf.len(), dtype)?;
+        let count = self.check_divisible(c, "buf", total)?;
+        if self.native_in_place(Plan::new(c, count, dtype), stream, buf)? {
+            return Ok(());
+        }
         self.staged_in_place(Collective::AllGather, stream, buf, |c, b| {
             c.all_gather_in_place_bytes(b, dtype)
         })
@@ -316,6 +446,14 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        let count = self.elements(c, "recv", recv.len(), dtype)?;
+        self.expect(c, "send", send.len(), recv.len() * self.size(), dtype)?;
+        self.check_op(c, op, dtype)?;
+        let plan = Plan::new(c, count, dtype).op(op);
+        if self.native(plan, stream, Some(send), Some(&mut *recv))? {
+            return Ok(());
+        }
         self.staged(
             Collective::ReduceScatter,
             stream,
@@ -333,6 +471,13 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        let total = self.elements(c, "buf", buf.len(), dtype)?;
+        let count = self.check_divisible(c, "buf", total)?;
+        self.check_op(c, op, dtype)?;
+        if self.native_in_place(Plan::new(c, count, dtype).op(op), stream, buf)? {
+            return Ok(());
+        }
         self.staged_in_place(Collective::ReduceScatter, stream, buf, |c, b| {
             c.reduce_scatter_in_place_bytes(b, dtype, op)
         })
@@ -346,6 +491,18 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::AllToAll;
+        let total = self.elements(c, "send", send.len(), dtype)?;
+        let count = self.check_divisible(c, "send", total)?;
+        self.expect(c, "recv", recv.len(), send.len(), dtype)?;
+        if self.native(
+            Plan::new(c, count, dtype),
+            stream,
+            Some(send),
+            Some(&mut *recv),
+        )? {
+            return Ok(());
+        }
         self.staged(
             Collective::AllToAll,
             stream,
@@ -362,6 +519,12 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let c = Collective::AllToAll;
+        let total = self.elements(c, "buf", buf.len(), dtype)?;
+        let count = self.check_divisible(c, "buf", total)?;
+        if self.native_in_place(Plan::new(c, count, dtype), stream, buf)? {
+            return Ok(());
+        }
         self.staged_in_place(Collective::AllToAll, stream, buf, |c, b| {
             c.all_to_all_in_place_bytes(b, dtype)
         })

@@ -17,6 +17,8 @@ mod device;
 mod group;
 mod liveness;
 mod memory;
+#[cfg(feature = "cuda")]
+mod native;
 mod raw;
 mod setup;
 mod tuning;
@@ -28,6 +30,8 @@ use std::time::Duration;
 
 pub use group::Group;
 pub use memory::Registration;
+#[cfg(feature = "cuda")]
+pub use native::NativeCall;
 pub use raw::{Pending, RawMessage};
 pub use tuning::Calibration;
 
@@ -81,6 +85,10 @@ pub(crate) struct Inner {
     link_names: Vec<Option<&'static str>>,
     /// The flight recorder (the engine holds it too).
     pub(crate) trace: Arc<Recorder>,
+    /// The ranks' device group, where every rank is in this process (collectives on device
+    /// memory then run on the device: `native`).
+    #[cfg(feature = "cuda")]
+    pub(crate) native: Option<Arc<native::DeviceGroup>>,
     /// The heartbeat watch (none between threads of one process, or when turned off); dropped
     /// with the communicator, saying goodbye to the neighbours.
     _liveness: Option<liveness::Liveness>,

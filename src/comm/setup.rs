@@ -122,6 +122,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         }
         _ => None,
     };
+    // Which process this rank is in: ranks of one process share device memory directly.
+    endpoints.push(("proc".into(), process_token().to_vec()));
     let me = PeerInfo {
         rank,
         host,
@@ -255,6 +257,18 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         crate::trace::comm_tag(&boot.prefix, boot.secret.as_bytes()),
     );
     let engine = engine.with_area(area).with_recorder(trace.clone());
+    // Every rank in this process: its device group (found by the communicator's identity).
+    #[cfg(feature = "cuda")]
+    let native = infos
+        .iter()
+        .all(|i| i.endpoint("proc") == Some(&process_token()[..]))
+        .then(|| {
+            let mut key = boot.prefix.as_bytes().to_vec();
+            key.push(0);
+            key.extend_from_slice(boot.secret.as_bytes());
+            super::native::DeviceGroup::join(key, size)
+        })
+        .flatten();
     tracing::debug!(
         rank,
         size,
@@ -288,10 +302,30 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             means,
             link_names,
             trace,
+            #[cfg(feature = "cuda")]
+            native,
             _liveness: liveness,
         }),
     };
     tuning::finish(comm, calibrate)
+}
+
+/// 16 random bytes drawn once per process: whether two ranks share an address space.
+fn process_token() -> [u8; 16] {
+    static TOKEN: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let mut t = [0u8; 16];
+        match Secret::random() {
+            Ok(s) => t.copy_from_slice(&s.as_bytes()[..16]),
+            // No randomness: the address of this static and the pid still tell processes
+            // apart on one host, which is all a shared address space needs.
+            Err(_) => {
+                t[..8].copy_from_slice(&(std::process::id() as u64).to_le_bytes());
+                t[8..].copy_from_slice(&(&TOKEN as *const _ as u64).to_le_bytes());
+            }
+        }
+        t
+    })
 }
 
 /// The kind of this rank's links to peers on its own host (`same`) or on others: the first

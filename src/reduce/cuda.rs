@@ -50,14 +50,29 @@ use cudarc::nvrtc::Ptx;
 pub use cudarc;
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 pub use nvrtc::{
-    Kernel, SOURCE, Target, compile_all_ptx, compile_cubin, compile_ptx, nvrtc_version,
+    Kernel, MULTI_MAX, SOURCE, Target, compile_all_ptx, compile_cubin, compile_ptx, nvrtc_version,
     supported_archs,
 };
 pub use staging::{POOL_LIMIT, Staging};
 
 use crate::error::{Error, Result};
 use crate::types::{DataType, Element, ReduceOp};
-use nvrtc::{DIVIDE, Image, REDUCE, REDUCE_INTO, THREADS, UNROLL};
+use nvrtc::{DIVIDE, Image, REDUCE, REDUCE_INTO, REDUCE_MULTI, THREADS, UNROLL};
+
+/// The parameters of `oxccl_reduce_multi`, laid out as `struct Multi` in `kernels/reduce.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Multi {
+    ins: [u64; MULTI_MAX],
+    outs: [u64; MULTI_MAX],
+    n: u64,
+    by: u64,
+    n_in: u32,
+    n_out: u32,
+}
+
+// SAFETY: plain data (integers), laid out as the kernel's by-value parameter.
+unsafe impl cudarc::driver::DeviceRepr for Multi {}
 
 /// The oldest CUDA driver API version this build works with (13.0, as `1000 × major + 10 ×
 /// minor`): cudarc's bindings are CUDA 13.0's, and some of their entry points (such as
@@ -504,6 +519,69 @@ impl CudaReducer {
         unsafe { launch.launch(cfg) }
             .map(drop)
             .map_err(|e| driver_error(&format!("launching the {kernel} kernel"), e))
+    }
+
+    /// `out[i] = ins[0][i] ⊕ ins[1][i] ⊕ ... ⊕ ins[k][i]` (folded in that order) for every
+    /// output `out` of `outs` and each of the `count` elements of `dtype`, then divided by
+    /// `divide_by` when it is not zero (avg: `op` is [`ReduceOp::Avg`] or `Sum`); one input makes
+    /// it a copy to every output. One pass on [`CudaReducer::stream`]: each input element is
+    /// read once and each output element written once. An output may equal an input (in
+    /// place), but must not otherwise overlap one.
+    ///
+    /// Fails with [`Error::InvalidArgument`] when there are no inputs or outputs, more than
+    /// [`MULTI_MAX`] of either, a misaligned pointer, or `op` is not defined on `dtype`.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer is device memory this reducer's context can access, valid for `count`
+    /// elements (outputs for writes), not written by other work until this stream has run the
+    /// launch (nor, for the outputs, read by it).
+    pub unsafe fn reduce_multi_raw(
+        &self,
+        ins: &[u64],
+        outs: &[u64],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        divide_by: usize,
+    ) -> Result<()> {
+        let kernel = Kernel::combine(dtype, op)?;
+        if ins.is_empty() || outs.is_empty() || ins.len() > MULTI_MAX || outs.len() > MULTI_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "reduce: {} inputs and {} outputs (1 to {MULTI_MAX} each)",
+                ins.len(),
+                outs.len()
+            )));
+        }
+        aligned(dtype, ins)?;
+        aligned(dtype, outs)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let mut m = Multi {
+            ins: [0; MULTI_MAX],
+            outs: [0; MULTI_MAX],
+            n: count as u64,
+            by: divide_by as u64,
+            n_in: ins.len() as u32,
+            n_out: outs.len() as u32,
+        };
+        m.ins[..ins.len()].copy_from_slice(ins);
+        m.outs[..outs.len()].copy_from_slice(outs);
+        let f = self.function(kernel, REDUCE_MULTI)?;
+        let cfg = self.config(&f, dtype, count);
+        let mut launch = self.stream.launch_builder(&f.func);
+        launch.arg(&m);
+        // SAFETY: `oxccl_reduce_multi(Multi)` takes exactly this by-value struct; the caller
+        // vouches for the memory.
+        unsafe { launch.launch(cfg) }
+            .map(drop)
+            .map_err(|e| driver_error(&format!("launching the {kernel} multi-operand kernel"), e))
+    }
+
+    /// The context the reducer's stream and kernels belong to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     /// Launches `entry` (`oxccl_reduce` or `oxccl_reduce_into`) of `kernel` on `ptrs` (its

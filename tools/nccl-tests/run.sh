@@ -9,7 +9,9 @@
 set -u
 D=target/nccl-tests
 export LD_LIBRARY_PATH="$PWD/$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ARGS=(-b 8 -e 64M -f 8 -c 1 -w 2 -n 5 -T 40)   # -c 1: check results (#wrong column); -T: in-test timeout (s)
+# -c 1: check results (#wrong column); -T: in-test timeout (s). MINBYTES, MAXBYTES and FACTOR
+# change the sizes (default 8 B to 64 MiB, by 8).
+ARGS=(-b "${MINBYTES:-8}" -e "${MAXBYTES:-64M}" -f "${FACTOR:-8}" -c 1 -w 2 -n 5 -T 40)
 PER_RUN_S="${PER_RUN_S:-60}"
 BUDGET_S="${BUDGET_S:-140}"
 # order: required tests with 2 ranks first, then 4 ranks, then the optional ones

@@ -7,7 +7,11 @@ Run from the repository root on the GPU machine, after `cargo build --release -p
 -p oxccl-nccl` here (carry target/release/liboxccl.so and libnccl.so.2, or a copy of them):
 
     OXCCL_LIBRARY=$PWD/target/release/liboxccl.so LD_PRELOAD=$PWD/target/release/libnccl.so.2 \\
-        python3 tools/nccl-tests/torch_mixed.py
+        python3 tools/nccl-tests/torch_mixed.py [WORLD]
+
+WORLD (default 2) ranks share GPU 0. With WORLD 1 and no preload, CUDA tensors go through
+NVIDIA's own NCCL (which refuses two ranks on one GPU), so the mixing itself is shown against
+the real library too.
 
 Not yet run to the end: on 2026-11-27 (torch 2.11 there) it stopped at `import torch` (libnccl
 lacked NCCL 2.28+ symbols, now exported as "not implemented") and, without the preload, at our
@@ -79,5 +83,6 @@ def run(rank, world):
 
 
 if __name__ == "__main__":
-    print("torch", torch.__version__, "LD_PRELOAD", os.environ.get("LD_PRELOAD"), flush=True)
-    mp.spawn(run, args=(2,), nprocs=2)
+    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    print("torch", torch.__version__, "world", world, "LD_PRELOAD", os.environ.get("LD_PRELOAD"), flush=True)
+    mp.spawn(run, args=(world,), nprocs=world)

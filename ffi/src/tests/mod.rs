@@ -873,6 +873,50 @@ fn collectives_on_device_memory_through_the_stream_argument() {
                 "rank {r}: reduce touched a non-root"
             );
         }
+
+        // Two in-place all-reduces on this communicator in one group (aggregated, as coalesced
+        // calls are): both are made before either can run.
+        let a = s.clone_htod(&bytes(&mine)).unwrap();
+        let b = s.clone_htod(&bytes(&mine)).unwrap();
+        {
+            let (ap, _a) = a.device_ptr(&s);
+            let (bp, _b) = b.device_ptr(&s);
+            let (ap, bp) = (ap as usize as *mut c_void, bp as usize as *mut c_void);
+            // SAFETY: as above.
+            unsafe {
+                assert_eq!(oxcclGroupStart(), oxcclSuccess);
+                ok(oxcclAllReduce(
+                    ap,
+                    ap,
+                    n * N,
+                    oxcclFloat32,
+                    oxcclSum,
+                    c,
+                    stream,
+                ));
+                ok(oxcclAllReduce(
+                    bp,
+                    bp,
+                    n * N,
+                    oxcclFloat32,
+                    oxcclMax,
+                    c,
+                    stream,
+                ));
+                assert_eq!(oxcclGroupEnd(), oxcclSuccess);
+            }
+        }
+        let got = floats(s.clone_dtoh(&a).unwrap());
+        assert!(
+            (0..n * N).all(|i| got[i] == sum(i)),
+            "rank {r}: grouped sum"
+        );
+        let got = floats(s.clone_dtoh(&b).unwrap());
+        let max = |i: usize| (i % 97) as f32 + (n - 1) as f32;
+        assert!(
+            (0..n * N).all(|i| got[i] == max(i)),
+            "rank {r}: grouped max"
+        );
     });
     destroy(comms);
 }

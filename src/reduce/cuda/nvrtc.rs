@@ -93,7 +93,7 @@ impl Kernel {
     /// The `extern "C"` entry points the compiled program holds.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Combine { .. } => &[REDUCE, REDUCE_INTO],
+            Kernel::Combine { .. } => &[REDUCE, REDUCE_INTO, REDUCE_MULTI],
             Kernel::Divide { .. } => &[DIVIDE],
         }
     }
@@ -128,6 +128,11 @@ pub(super) const REDUCE: &str = "oxccl_reduce";
 pub(super) const REDUCE_INTO: &str = "oxccl_reduce_into";
 /// Entry point: `dst = dst / by`.
 pub(super) const DIVIDE: &str = "oxccl_divide";
+/// Entry point: every output `= in_0 ⊕ ... ⊕ in_k` (then `/ by` when `by` is not zero).
+pub(super) const REDUCE_MULTI: &str = "oxccl_reduce_multi";
+/// The most inputs, and the most outputs, one `oxccl_reduce_multi` launch takes
+/// (`OXCCL_MULTI` in the source).
+pub const MULTI_MAX: usize = 8;
 
 /// The element type's name in `kernels/reduce.cu`.
 fn elem_name(dtype: DataType) -> &'static str {
@@ -470,9 +475,10 @@ mod tests {
 
     #[test]
     fn source_names_every_entry_point_and_macro() {
-        for name in [REDUCE, REDUCE_INTO, DIVIDE] {
+        for name in [REDUCE, REDUCE_INTO, DIVIDE, REDUCE_MULTI] {
             assert!(SOURCE.contains(name), "{name}");
         }
+        assert!(SOURCE.contains(&format!("#define OXCCL_MULTI {MULTI_MAX}\n")));
         for dtype in DataType::ALL {
             let name = elem_name(dtype);
             assert!(

@@ -196,6 +196,12 @@ pub struct Cli {
     #[arg(long)]
     pub topo: bool,
 
+    /// Run the --ranks ranks as threads of this one process (Communicator::init_local)
+    /// instead of processes: with --device cuda, ranks on one GPU then reduce on the device
+    /// between each other's buffers, as NCCL programs with one thread per rank do
+    #[arg(long)]
+    pub threads: bool,
+
     /// Start every host buffer this many bytes past a page boundary (a multiple of 8 below
     /// 4096) [default: 0]; a comma list gives rank r the (r mod length)-th (`0,16`: ranks
     /// place their buffers differently). `malloc` puts large blocks 16 bytes past one (Rust
@@ -331,6 +337,8 @@ pub struct Settings {
     pub register: bool,
     /// `--topo`.
     pub topo: bool,
+    /// `--threads`.
+    pub threads: bool,
     /// `--buffer-offset`, bytes past a page boundary.
     pub buffer_offset: Offsets,
 }
@@ -448,6 +456,7 @@ impl Cli {
             corrupt_rank: self.corrupt_rank,
             calibrate: self.calibrate,
             register: self.register,
+            threads: self.threads,
             topo: self.topo,
             buffer_offset: self.buffer_offset,
         })

@@ -55,6 +55,9 @@ fn run(s: &Settings) -> u8 {
     if s.plot_only {
         return plot_only(s);
     }
+    if s.threads {
+        return rank::threads(s);
+    }
     match Rendezvous::from_env() {
         Ok(Some(rv)) => rank::run(s, &rv),
         Ok(None) => match launch::standalone(s) {

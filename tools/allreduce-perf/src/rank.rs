@@ -24,15 +24,64 @@ const INFO_BYTES: usize = 512;
 
 /// Runs this rank; returns its exit status (0 all right, 1 wrong elements, 3 failure).
 pub fn run(s: &Settings, rv: &Rendezvous) -> u8 {
-    match job(s, rv) {
+    let made = config(s).and_then(|c| Communicator::init(c).map_err(|e| e.to_string()));
+    let place = Place {
+        local_rank: rv.local_rank,
+        source: rv.source,
+    };
+    exit_status(rv.rank, made.and_then(|comm| job(s, comm, &place)))
+}
+
+/// `--threads`: the `--ranks` ranks as threads of this process (`Communicator::init_local`);
+/// returns the worst exit status of any rank.
+pub fn threads(s: &Settings) -> u8 {
+    let n = s.ranks.unwrap_or(crate::launch::DEFAULT_RANKS);
+    let comms =
+        match config(s).and_then(|c| Communicator::init_local(n, c).map_err(|e| e.to_string())) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("allreduce-perf: --threads: {e}");
+                return 3;
+            }
+        };
+    std::thread::scope(|sc| {
+        let runs: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                sc.spawn(move || {
+                    let place = Place {
+                        local_rank: Some(rank),
+                        source: "threads",
+                    };
+                    exit_status(rank, job(s, comm, &place))
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().unwrap_or(3))
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// Where a rank runs: its local rank (its GPU, modulo those present) and how it was started.
+struct Place<'a> {
+    local_rank: Option<usize>,
+    source: &'a str,
+}
+
+/// A rank's exit status (0 all right, 1 wrong elements, 3 failure), its error printed.
+fn exit_status(rank: usize, result: Result<u64, String>) -> u8 {
+    match result {
         Ok(0) => 0,
         Ok(_) => 1,
         Err(e) => {
             // oxccl's errors name the rank already.
-            if e.starts_with(&format!("rank {}:", rv.rank)) {
+            if e.starts_with(&format!("rank {rank}:")) {
                 eprintln!("allreduce-perf: {e}");
             } else {
-                eprintln!("allreduce-perf: rank {}: {e}", rv.rank);
+                eprintln!("allreduce-perf: rank {rank}: {e}");
             }
             3
         }
@@ -72,9 +121,8 @@ struct Summary {
     avg_bus_bw: f64,
 }
 
-/// Returns the number of wrong elements over the whole run.
-fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
-    let start_time = record::now_rfc3339();
+/// The communicator's configuration: the environment's, with the flags that set it.
+fn config(s: &Settings) -> Result<Config, String> {
     let mut config = Config::from_env().map_err(|e| e.to_string())?;
     if let Some(t) = s.timeout {
         config = config.timeout(t);
@@ -87,11 +135,16 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
     if let Some(t) = &s.transport {
         config = config.transports(t.parse().map_err(|e| format!("--transport: {e}"))?);
     }
+    Ok(config)
+}
+
+/// Returns the number of wrong elements over the whole run.
+fn job(s: &Settings, comm: Communicator, place: &Place<'_>) -> Result<u64, String> {
+    let start_time = record::now_rfc3339();
+    let config = config(s)?;
     let algo = config.algorithm.map_or("auto", |a| a.name()).to_owned();
     let allowed: Vec<String> = config.transports.order().map(str::to_owned).collect();
     let timeout_s = config.timeout.as_secs_f64();
-
-    let comm = Communicator::init(config).map_err(|e| e.to_string())?;
     let (rank, n) = (comm.rank(), comm.size());
     if s.coll.rooted() && s.root >= n {
         return Err(format!(
@@ -155,12 +208,12 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
         rank,
         host: host_name(),
         pid: std::process::id(),
-        device: rv.local_rank.unwrap_or(rank),
+        device: place.local_rank.unwrap_or(rank),
         transports,
         algorithm: algo_line,
     };
     let infos = gather_infos(&comm, &me)?;
-    let standalone = std::env::var_os(STANDALONE_VAR).is_some();
+    let standalone = std::env::var_os(STANDALONE_VAR).is_some() || place.source == "threads";
     let version = env!("CARGO_PKG_VERSION");
 
     let (mut json, mut csv) = (None, None);
@@ -187,7 +240,7 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
         print_now(&text);
     }
 
-    let summary = sweep(&comm, s, rv.local_rank.unwrap_or(rank))?;
+    let summary = sweep(&comm, s, place.local_rank.unwrap_or(rank))?;
     if rank != 0 {
         return Ok(summary.wrong);
     }
@@ -208,7 +261,11 @@ fn job(s: &Settings, rv: &Rendezvous) -> Result<u64, String> {
         config: record::Config::new(
             s,
             n,
-            if standalone { "standalone" } else { rv.source },
+            if standalone && place.source != "threads" {
+                "standalone"
+            } else {
+                place.source
+            },
             timeout_s,
             &algo,
             allowed,

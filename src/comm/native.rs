@@ -437,10 +437,18 @@ impl NativeCall {
                     theirs: calls.get(peer).cloned().unwrap_or_default(),
                 })
             }
-            Some(Verdict::Failed(why)) => Err(Error::Unavailable(format!(
-                "rank {me}: {}: CUDA: {why}",
-                self.what
-            ))),
+            Some(Verdict::Failed(why)) => {
+                // Part of the call's kernels may be enqueued (a launch failed after others):
+                // the done event was recorded after them, so this rank's stream still waits.
+                if let Some(done) = done {
+                    // SAFETY: as for a launched call.
+                    let _ = unsafe { sys::cuStreamWaitEvent(self.stream as CUstream, done, 0) };
+                }
+                Err(Error::Unavailable(format!(
+                    "rank {me}: {}: CUDA: {why}",
+                    self.what
+                )))
+            }
             None => Err(Error::Unavailable(format!(
                 "rank {me}: {}: no outcome",
                 self.what

@@ -92,6 +92,6 @@ pub use comm::{Calibration, Communicator, Group, Pending, RawMessage, Registrati
 pub use config::{Config, Tune};
 pub use error::{Error, Result};
 pub use float8::{F8E4M3, F8E5M2};
-pub use tune::{Decision, Route, Way};
+pub use tune::{Decision, DeviceWay, Route, Way};
 pub use types::{DataType, Element, Rank, ReduceOp};
 pub use work::{OwnedBuffer, Work};

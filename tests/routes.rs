@@ -275,3 +275,52 @@ fn explain_names_the_route_that_runs() {
         assert_eq!(shm[0].explain(&p), shm[1].explain(&p));
     }
 }
+
+/// Calls on device memory are routed by the same decision (`Plan::on_device`): on the device
+/// where every rank is in this process, else staged through host memory; a host call of the
+/// same size keeps its host route (the decisions are cached apart). No GPU is needed to decide.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_calls_take_the_device_route_where_every_rank_is_in_this_process() {
+    use oxccl::tune::DeviceWay;
+    let comms = Communicator::init_local(
+        2,
+        Config::default()
+            .transports(TransportFilter::only(&["shm"]))
+            .tune(Tune::Defaults),
+    )
+    .expect("init over shm");
+    assert!(comms.iter().all(Communicator::device_native));
+    let native = Route::Device(DeviceWay::Native);
+    for c in [
+        Collective::AllReduce,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+    ] {
+        for in_place in [false, true] {
+            let host = Plan::new(c, 1000, DataType::F32).in_place(in_place);
+            let on_host = comms[0].explain(&host).route;
+            assert!(matches!(on_host, Route::Area(_)), "{c}: {on_host:?}");
+            for comm in &comms {
+                let d = comm.explain(&host.on_device(true));
+                assert_eq!(d.route, native, "{c} in place {in_place}: {d}");
+                assert_eq!(d.route.name(), "device");
+            }
+            // The host decision, asked again after the device one, is still the host's.
+            assert_eq!(comms[1].explain(&host).route, on_host, "{c}");
+        }
+    }
+    for c in [Collective::Gather, Collective::Scatter] {
+        let d = comms[0].explain(&Plan::new(c, 1000, DataType::F32).on_device(true));
+        assert_eq!(d.route, Route::Device(DeviceWay::Staged), "{c}: {d}");
+        assert_eq!(d.route.name(), "staged through host memory");
+    }
+    // One rank has no device group: its calls are copies through host memory.
+    let one = Communicator::init_local(1, Config::default()).expect("init one rank");
+    assert!(!one[0].device_native());
+    let d = one[0].explain(&Plan::new(Collective::AllReduce, 8, DataType::F32).on_device(true));
+    assert_eq!(d.route, Route::Device(DeviceWay::Staged), "{d}");
+}

@@ -142,6 +142,9 @@ pub struct Plan {
     pub root: Rank,
     /// Whether input and output share memory, as [`Collective`]'s table says.
     pub in_place: bool,
+    /// Whether the buffers are CUDA device memory (the `*_device` calls): such calls take a
+    /// [`crate::tune::Route::Device`] route.
+    pub on_device: bool,
 }
 
 impl Plan {
@@ -154,6 +157,7 @@ impl Plan {
             op: ReduceOp::Sum,
             root: 0,
             in_place: false,
+            on_device: false,
         }
     }
 
@@ -170,6 +174,11 @@ impl Plan {
     /// The same plan, in place or not.
     pub fn in_place(self, in_place: bool) -> Plan {
         Plan { in_place, ..self }
+    }
+
+    /// The same plan on CUDA device memory or on host memory.
+    pub fn on_device(self, on_device: bool) -> Plan {
+        Plan { on_device, ..self }
     }
 
     /// Checks the plan against the communicator size: root in range, operator defined on the

@@ -114,13 +114,16 @@ struct State {
     logged: std::collections::HashSet<(algo::Collective, u32, bool)>,
     /// Recent decisions by (collective, bytes, placement) — all a decision depends on besides
     /// what is fixed per communicator — so that repeated calls are not priced again.
-    decided: [Option<(algo::Collective, usize, bool, Decision)>; DECIDED],
+    decided: [Option<Decided>; DECIDED],
     /// The schedules' simulated prices by (collective, size class).
     prices: tune::Prices,
 }
 
 /// Slots of [`State::decided`] (a power of two).
 const DECIDED: usize = 64;
+
+/// A cached decision: (collective, bytes, (in place, on device)) and the decision.
+type Decided = (algo::Collective, usize, (bool, bool), Decision);
 
 const CACHE_ENTRIES: usize = 64;
 
@@ -490,16 +493,23 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The route of `plan` ([`Inner::decide`]).
+    pub(crate) fn route(&self, plan: &Plan) -> Route {
+        let mut st = self.lock();
+        self.decide(&mut st, plan).route
+    }
+
     /// The routing decision for `plan`, logging the priced candidates once per collective,
     /// size class and placement when `oxccl::tune` logs at debug level.
     fn decide(&self, st: &mut State, plan: &Plan) -> Decision {
         let bytes = plan.count.saturating_mul(plan.dtype.size());
         let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32
             ^ plan.collective as usize
-            ^ usize::from(plan.in_place) << 4)
+            ^ usize::from(plan.in_place) << 4
+            ^ usize::from(plan.on_device) << 5)
             % DECIDED;
         if let Some((c, b, p, d)) = &st.decided[slot]
-            && (*c, *b, *p) == (plan.collective, bytes, plan.in_place)
+            && (*c, *b, *p) == (plan.collective, bytes, (plan.in_place, plan.on_device))
         {
             return d.clone();
         }
@@ -512,7 +522,12 @@ impl Inner {
             &self.hosts,
             &mut st.prices,
         );
-        st.decided[slot] = Some((plan.collective, bytes, plan.in_place, d.clone()));
+        st.decided[slot] = Some((
+            plan.collective,
+            bytes,
+            (plan.in_place, plan.on_device),
+            d.clone(),
+        ));
         if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
             let class = usize::BITS - bytes.leading_zeros();
             if st.logged.len() < 4096 && st.logged.insert((plan.collective, class, plan.in_place)) {
@@ -565,6 +580,12 @@ impl Inner {
                     descriptor,
                     dtype: plan.dtype,
                 }
+            }
+            Route::Device(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {}: {} on device memory reached the host engine",
+                    self.rank, plan.collective
+                )));
             }
         };
         st.collectives += 1;

@@ -36,6 +36,9 @@
 //!
 //! # When it does not apply
 //!
+//! The routing decision says which calls run here (`tune`'s `Route::Device`, from what every rank
+//! knows: [`Communicator::explain`] of the plan with `on_device`); [`Communicator::device_deposit`]
+//! asks it.
 //! Ranks in several processes (CUDA IPC is not built yet), more than [`MULTI_MAX`] ranks, a
 //! pre-multiplied sum, gather, scatter and in-place all-to-all: the caller stages through host
 //! memory as before, decided the same way on every rank (from what every rank knows, or by the
@@ -53,6 +56,7 @@ use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::exec::flags::Flags;
 use crate::reduce::cuda::{CudaReducer, MULTI_MAX};
+use crate::tune::{DeviceWay, Route};
 use crate::types::{DataType, Rank, ReduceOp};
 
 use super::Communicator;
@@ -224,19 +228,13 @@ impl Communicator {
         let Some(group) = self.inner.native.clone() else {
             return Ok(None);
         };
-        let n = self.size();
-        let me = self.rank();
-        if !matches!(
-            plan.collective,
-            Collective::AllReduce
-                | Collective::Broadcast
-                | Collective::Reduce
-                | Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::AllToAll
-        ) {
+        let plan = plan.on_device(true);
+        // The routing decision, as for every call.
+        if self.inner.route(&plan) != Route::Device(DeviceWay::Native) {
             return Ok(None);
         }
+        let n = self.size();
+        let me = self.rank();
         let e = plan.dtype.size() as u64;
         let c = plan.count as u64;
         let (send, recv) = match (plan.in_place, plan.collective) {

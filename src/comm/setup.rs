@@ -233,6 +233,22 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     let engine = Engine::new(rank, links, config.timeout, flags.clone()).crowded(crowded);
     let slice_bytes = config.slice_bytes.min(engine.max_message());
     let hosts = Hosts::from_labels(&topo.hosts);
+    // Every rank in this process: its device group (found by the communicator's identity).
+    #[cfg(feature = "cuda")]
+    let native = infos
+        .iter()
+        .all(|i| i.endpoint("proc") == Some(&process_token()[..]))
+        .then(|| {
+            let mut key = boot.prefix.as_bytes().to_vec();
+            key.push(0);
+            key.extend_from_slice(boot.secret.as_bytes());
+            super::native::DeviceGroup::join(key, size)
+        })
+        .flatten();
+    #[cfg(feature = "cuda")]
+    let device_group = native.is_some();
+    #[cfg(not(feature = "cuda"))]
+    let device_group = false;
     let means = tune::Means {
         nranks: size,
         // A fixture that spreads the ranks over hosts is what the tuner sees.
@@ -249,6 +265,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 .then_some(LinkKind::Shm)
         }),
         remote: link_kind(&link_names, &hosts, rank, false),
+        device_group,
     };
     let trace = crate::trace::Recorder::new(
         &config,
@@ -257,18 +274,6 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         crate::trace::comm_tag(&boot.prefix, boot.secret.as_bytes()),
     );
     let engine = engine.with_area(area).with_recorder(trace.clone());
-    // Every rank in this process: its device group (found by the communicator's identity).
-    #[cfg(feature = "cuda")]
-    let native = infos
-        .iter()
-        .all(|i| i.endpoint("proc") == Some(&process_token()[..]))
-        .then(|| {
-            let mut key = boot.prefix.as_bytes().to_vec();
-            key.push(0);
-            key.extend_from_slice(boot.secret.as_bytes());
-            super::native::DeviceGroup::join(key, size)
-        })
-        .flatten();
     tracing::debug!(
         rank,
         size,

@@ -34,7 +34,7 @@ pub use blame::blame;
 use crate::algo::{Algorithm, Collective, Plan};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::tune::{Route, Way};
+use crate::tune::{DeviceWay, Route, Way};
 use crate::types::{DataType, Rank, ReduceOp};
 
 /// Calls a recorder keeps by default (`OXCCL_TRACE_ENTRIES`).
@@ -248,6 +248,7 @@ const KIND_COLLECTIVE: u64 = 1;
 const KIND_P2P: u64 = 2;
 const ROUTE_AREA: u64 = 1;
 const ROUTE_SCHEDULE: u64 = 2;
+const ROUTE_DEVICE: u64 = 3;
 const NO_ID: u64 = u64::MAX;
 
 const S_QUEUED: u64 = 1;
@@ -287,6 +288,7 @@ fn pack_what(kind: u64, plan: Option<&Plan>, route: Option<Route>) -> u64 {
         Some(Route::Schedule(c)) => {
             w |= ROUTE_SCHEDULE << 40 | (c.algorithm as u64) << 48 | (c.leg as u64) << 56
         }
+        Some(Route::Device(d)) => w |= ROUTE_DEVICE << 40 | (d as u64) << 48,
         None => {}
     }
     w
@@ -758,6 +760,10 @@ fn decode([id, seq, what, count, who, state, begin, end]: [u64; 8]) -> TraceEntr
                 Route::Schedule(c)
             })
         }
+        ROUTE_DEVICE => [DeviceWay::Native, DeviceWay::Staged]
+            .into_iter()
+            .find(|d| *d as u64 == byte(what, 48))
+            .map(Route::Device),
         _ => None,
     };
     let (code, peer, step) = unpack_state(state);
@@ -962,6 +968,19 @@ mod tests {
         assert!(t.entries[0].end_ns.is_some() && t.entries[0].state == CallState::Done);
         let back = Trace::from_json(&t.to_json()).unwrap();
         assert_eq!(back, t);
+        for (way, name) in [
+            (DeviceWay::Native, "device"),
+            (DeviceWay::Staged, "staged through host memory"),
+        ] {
+            let m = r.collective(9, &a.on_device(true), Route::Device(way), true);
+            r.end(m, &Ok(()));
+            let t = r.snapshot("requested");
+            let e = t.entries.last().unwrap();
+            assert_eq!(
+                (e.name(), e.route.as_deref()),
+                ("all_reduce #9".into(), Some(name))
+            );
+        }
     }
 
     #[test]

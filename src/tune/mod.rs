@@ -79,6 +79,33 @@ pub enum Route {
     Area(Way),
     /// An `algo` schedule run over the links with this algorithm and slicing.
     Schedule(Choice),
+    /// A call on CUDA device memory ([`Plan::on_device`]): run on the device between the
+    /// ranks' buffers, or staged through host memory (where the host call then takes its own
+    /// route).
+    Device(DeviceWay),
+}
+
+/// How a call on device memory runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceWay {
+    /// On the device, the call enqueued on the caller's stream and nothing waited for on the
+    /// host: `kernels/reduce.cu`'s `oxccl_reduce_multi` between the ranks' buffers (every rank
+    /// in this process).
+    Native,
+    /// Copied to host memory on the caller's stream, run by the host engine like any host
+    /// call, and copied back; the call returns once the result is on the device.
+    Staged,
+}
+
+impl DeviceWay {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceWay::Native => "device",
+            DeviceWay::Staged => "staged through host memory",
+        }
+    }
 }
 
 /// The ways through the shared group area.
@@ -121,6 +148,7 @@ impl Route {
         match self {
             Route::Area(w) => format!("shm {}", w.name()),
             Route::Schedule(c) => c.algorithm.name().to_owned(),
+            Route::Device(d) => d.name().to_owned(),
         }
     }
 
@@ -164,6 +192,9 @@ pub(crate) struct Means {
     pub local: Option<LinkKind>,
     /// The kind of link between ranks of different hosts (`None`: not priced).
     pub remote: Option<LinkKind>,
+    /// Every rank is in this process and they share a device group (`comm/native.rs`): calls
+    /// on device memory can run on the device.
+    pub device_group: bool,
 }
 
 /// Schedule candidates, each with its simulated times (`None`: not priced).
@@ -408,6 +439,51 @@ fn price_schedule(
     Some((full + slope * (top - cap) as f64, path))
 }
 
+/// The route of a call on device memory: on the device where every rank is in this process
+/// (a device group) and the device path has the collective (it reads each input and writes each
+/// output once, in rank order, for up to [`crate::reduce::cuda::MULTI_MAX`] ranks: the group is
+/// made only for 2 to that many), else staged through host memory. The same on every rank:
+/// the group exists on all of them or none, and the plan is the call's. (One case is decided
+/// when the call runs, by every rank alike: ranks whose streams are of different CUDA contexts,
+/// or of a context that is not the device's primary one, stage that call; see
+/// `comm/native.rs`.)
+fn on_device(plan: &Plan, means: &Means) -> Decision {
+    let staged = |why| Decision {
+        route: Route::Device(DeviceWay::Staged),
+        why,
+    };
+    if !means.device_group {
+        return staged(if means.nranks < 2 {
+            "one rank: a copy through host memory"
+        } else {
+            "ranks in several processes (CUDA IPC between processes is not built): through \
+             host memory and the host route"
+        });
+    }
+    match plan.collective {
+        Collective::Gather | Collective::Scatter => {
+            staged("no device form of gather and scatter yet: through host memory")
+        }
+        // Ranks may place a call differently, so every rank deposits it and the group stages
+        // it for all when any rank's is in place (`comm/native.rs`).
+        Collective::AllToAll if plan.in_place => Decision {
+            route: Route::Device(DeviceWay::Native),
+            why: "every rank in this process, but in-place all-to-all has no device form: the \
+                  ranks' device group stages it through host memory",
+        },
+        Collective::AllReduce
+        | Collective::Broadcast
+        | Collective::Reduce
+        | Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll => Decision {
+            route: Route::Device(DeviceWay::Native),
+            why: "every rank in this process: on the device between the ranks' buffers",
+        },
+        _ => staged("no device form of this call: through host memory"),
+    }
+}
+
 /// The route for `plan` on a communicator offering `means`, its ranks on `hosts`, configured
 /// by `config`: forced where the configuration says so, else the cheapest priced candidate —
 /// the ways through the group area by `costs`' measured curves, the schedules by simulating
@@ -420,6 +496,9 @@ pub(crate) fn decide(
     hosts: &Hosts,
     prices: &mut Prices,
 ) -> Decision {
+    if plan.on_device {
+        return on_device(plan, means);
+    }
     let bytes = plan.count.saturating_mul(plan.dtype.size());
     let c = plan.collective;
     if let Some(a) = config.algorithm.filter(|a| a.supports(c)) {
@@ -786,7 +865,53 @@ mod tests {
             per_host: nranks,
             local: None,
             remote: None,
+            device_group: false,
         }
+    }
+
+    #[test]
+    fn device_calls_run_on_the_device_only_within_a_device_group() {
+        let (config, costs) = (Config::default(), Costs::defaults());
+        let all_reduce = Plan::new(Collective::AllReduce, 1 << 20, DataType::F32).on_device(true);
+        let processes = means(4, true, true);
+        let d = decide(&all_reduce, &processes, &config, costs);
+        assert_eq!(d.route, Route::Device(DeviceWay::Staged), "{d}");
+        assert!(d.why.contains("several processes"), "{d}");
+        let threads = Means {
+            device_group: true,
+            ..processes
+        };
+        for c in Collective::ALL {
+            let d = decide(
+                &Plan::new(c, 1 << 20, DataType::F32).on_device(true),
+                &threads,
+                &config,
+                costs,
+            );
+            let native = !matches!(
+                c,
+                Collective::Gather | Collective::Scatter | Collective::Barrier
+            );
+            let want = if native {
+                DeviceWay::Native
+            } else {
+                DeviceWay::Staged
+            };
+            assert_eq!(d.route, Route::Device(want), "{c}: {d}");
+        }
+        // OXCCL_ALGO and the area's settings concern host calls only.
+        let forced = Config {
+            algorithm: Some(Algorithm::Ring),
+            area_way: Some(Way::OneShot),
+            ..Config::default()
+        };
+        let d = decide(&all_reduce, &threads, &forced, costs);
+        assert_eq!(d.route, Route::Device(DeviceWay::Native), "{d}");
+        let d = decide(&all_reduce.on_device(false), &threads, &forced, costs);
+        assert!(
+            matches!(d.route, Route::Schedule(c) if c.algorithm == Algorithm::Ring),
+            "{d}"
+        );
     }
 
     /// The hosts `m` describes: `m.hosts` hosts of `m.per_host` ranks, numbered host by host.
@@ -816,6 +941,7 @@ mod tests {
                             assert!(choice.algorithm.supports(c), "{c} -> {}", choice.algorithm)
                         }
                         Route::Area(_) => assert!(m.area && on_area(c)),
+                        Route::Device(_) => panic!("{c}: a host call took a device route"),
                     }
                     let forced = Config::default().algorithm(Some(Algorithm::Tree));
                     let Route::Schedule(choice) = decide(&plan, &m, &forced, costs).route else {
@@ -1259,6 +1385,7 @@ mod tests {
             per_host: 2,
             local: Some(LinkKind::Shm),
             remote: Some(LinkKind::Tcp),
+            device_group: false,
             ..means(4, false, false)
         };
         let costs = linked(20e-6);
@@ -1292,6 +1419,7 @@ mod tests {
             per_host: 1,
             local: None,
             remote: Some(LinkKind::Tcp),
+            device_group: false,
             ..means(4, false, false)
         };
         assert_eq!(
@@ -1312,6 +1440,7 @@ mod tests {
             hosts: 100,
             per_host: 1,
             remote: Some(LinkKind::Tcp),
+            device_group: false,
             ..means(100, false, false)
         };
         let plan = Plan::new(Collective::AllReduce, 2, DataType::F32);
@@ -1336,6 +1465,7 @@ mod tests {
             hosts: 8,
             per_host: 1,
             remote: Some(LinkKind::Tcp),
+            device_group: false,
             ..means(8, false, false)
         };
         let hosts = hosts_of(&m);
@@ -1396,7 +1526,7 @@ mod tests {
             setups.push(m);
         }
         let kind = |d: &Decision| match d.route {
-            Route::Area(_) => None,
+            Route::Area(_) | Route::Device(_) => None,
             Route::Schedule(c) => Some(c),
         };
         for m in &setups {

@@ -6,7 +6,8 @@ Usage: tools/perf/placement.py RUN.json
 Prints a markdown table per row: the route, each placement's time (the median of the -R
 repeats, allreduce-perf's time column), in-place speed / out-of-place speed from those, from
 the fastest repeats (best_us), and paired: the median over k of out-of-place repeat k's time
-over in-place repeat k's (the two ran back to back, allreduce-perf alternates them), and in how
+over in-place repeat k's (the two ran back to back: allreduce-perf alternates them, and since
+2026-11-28 turns which of a pair runs first), and in how
 many pairs in place was the faster. Where the machine's speed swings between two states from
 one repeat to the next, the two medians can fall in different states; the fastest repeats and
 the pairs compare the placements in the same one. Exit status 1 when the file has no row

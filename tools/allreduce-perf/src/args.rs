@@ -28,7 +28,8 @@ Columns follow nccl-tests: size is the whole array in bytes (rounded down to n e
 allgather, reducescatter, alltoall, gather and scatter), count is the count passed to the call
 (the per-rank block for those), busbw = algbw x nccl-tests' factor for the collective. time is the
 median over -R repeats of each repeat's mean time per call, ranks combined by -a; the
-out-of-place and in-place repeats alternate, so the two columns see the same machine. The JSON and
+out-of-place and in-place repeats alternate in pairs whose order turns (out, in; in, out; ...),
+so the two columns see the same machine and neither always runs second. The JSON and
 CSV also give the fastest repeat's mean (best_us; the JSON every repeat's, repeats_us) and p50/p99
 of single iterations (up to 4096 evenly spaced calls per repeat, the same on every rank,
 combined by -a call by call; timed with the time-stamp counter where it is steady, a third of
@@ -142,7 +143,7 @@ pub struct Cli {
     pub transport: Option<String>,
 
     /// Repeat the timed loop N times and report the median of the repeats' mean times
-    /// (out-of-place and in-place repeats alternate).
+    /// (out-of-place and in-place repeats alternate, in pairs whose order turns).
     #[arg(short = 'R', long = "repeats", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub repeats: u64,

@@ -23,6 +23,19 @@ const MAX_ITERS: u64 = 1_000_000;
 /// repeats).
 const TIMED_SINGLY: u64 = 4096;
 
+/// The route `plan` takes, for people: on device memory (`device`) the device route, and for a
+/// call staged through host memory the host route the staged call then takes.
+pub fn route_name(comm: &Communicator, plan: &Plan, device: bool) -> String {
+    let host = comm.explain(plan).route.name();
+    if !device {
+        return host;
+    }
+    match comm.explain(&plan.on_device(true)).route {
+        oxccl::Route::Device(oxccl::DeviceWay::Staged) => format!("staged: {host}"),
+        r => r.name(),
+    }
+}
+
 /// One row of the table: what is measured.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -244,8 +257,9 @@ impl<'a> Bench<'a> {
                 let plan = Plan::new(c, count, dtype)
                     .op(op.unwrap_or(ReduceOp::Sum))
                     .root(root.unwrap_or(0));
-                let out_of_place = self.comm.explain(&plan).route.name();
-                let in_place = self.comm.explain(&plan.in_place(true)).route.name();
+                let device = self.settings.device == Device::Cuda;
+                let out_of_place = route_name(self.comm, &plan, device);
+                let in_place = route_name(self.comm, &plan.in_place(true), device);
                 if in_place == out_of_place {
                     out_of_place
                 } else {
@@ -266,17 +280,24 @@ impl<'a> Bench<'a> {
     }
 
     /// Measures `row` out of place and in place (`None` where oxccl has no in-place call: gather,
-    /// scatter and send/receive). The two placements' timed repeats alternate (out of place,
-    /// in place, out of place, ...), so drift in the machine's speed over the row's run falls
-    /// on both columns alike instead of on whichever ran second. Every rank gets the same
+    /// scatter and send/receive). The two placements' timed repeats alternate in pairs whose order
+    /// turns (out, in; in, out; out, in; ...), so drift in the machine's speed over the row's
+    /// run, and whatever the first of a pair leaves behind for the second, fall on both columns
+    /// alike instead of on whichever ran second. Every rank gets the same
     /// combined results.
     pub fn measure(&self, row: &Row) -> Result<(Option<Measured>, Option<Measured>), String> {
         let mut trials = [
             self.start(row, Placement::OutOfPlace)?,
             self.start(row, Placement::InPlace)?,
         ];
-        for _ in 0..self.settings.repeats {
-            for t in trials.iter_mut().flatten() {
+        for k in 0..self.settings.repeats {
+            // Which placement runs first alternates too (out, in; in, out; ...): the one that
+            // follows the other meets the caches and the peer as the other left them.
+            let order: [usize; 2] = if k % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                let Some(t) = trials[i].as_mut() else {
+                    continue;
+                };
                 self.comm.barrier().map_err(|e| e.to_string())?;
                 let total = self.timed(row, &mut t.bufs, t.iters, &mut t.durations)?;
                 t.means.push(total / t.iters as f64);

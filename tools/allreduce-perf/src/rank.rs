@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use oxccl::bootstrap::Rendezvous;
 use oxccl::{Communicator, Config};
 
-use crate::args::{AlgoChoice, Settings};
+use crate::args::{AlgoChoice, Device, Settings};
 use crate::bench::Bench;
 use crate::launch::STANDALONE_VAR;
 use crate::plot;
@@ -192,7 +192,7 @@ fn job(s: &Settings, comm: Communicator, place: &Place<'_>) -> Result<u64, Strin
                 .op(row.op.unwrap_or(oxccl::ReduceOp::Sum))
                 .root(row.root.unwrap_or(0));
             for p in [plan, plan.in_place(true)] {
-                let r = comm.explain(&p).route.name();
+                let r = crate::bench::route_name(&comm, &p, s.device == Device::Cuda);
                 if !routes.contains(&r) {
                     routes.push(r);
                 }

@@ -304,11 +304,17 @@ fn device_calls_take_the_device_route_where_every_rank_is_in_this_process() {
             let host = Plan::new(c, 1000, DataType::F32).in_place(in_place);
             let on_host = comms[0].explain(&host).route;
             assert!(matches!(on_host, Route::Area(_)), "{c}: {on_host:?}");
+            let want = if c == Collective::AllToAll && in_place {
+                Route::Device(DeviceWay::Staged)
+            } else {
+                native
+            };
             for comm in &comms {
                 let d = comm.explain(&host.on_device(true));
-                assert_eq!(d.route, native, "{c} in place {in_place}: {d}");
-                assert_eq!(d.route.name(), "device");
+                assert_eq!(d.route, want, "{c} in place {in_place}: {d}");
+                assert_eq!(comm.candidates(&host.on_device(true)), vec![(want, None)]);
             }
+            assert_eq!(native.name(), "device");
             // The host decision, asked again after the device one, is still the host's.
             assert_eq!(comms[1].explain(&host).route, on_host, "{c}");
         }

@@ -111,7 +111,7 @@ struct State {
     /// (rank 0's, handed out at creation and after a calibration).
     costs: Costs,
     /// The (collective, size class, placement) whose candidates were logged (debug level).
-    logged: std::collections::HashSet<(algo::Collective, u32, bool)>,
+    logged: std::collections::HashSet<(algo::Collective, u32, (bool, bool))>,
     /// Recent decisions by (collective, bytes, placement) — all a decision depends on besides
     /// what is fixed per communicator — so that repeated calls are not priced again.
     decided: [Option<Decided>; DECIDED],
@@ -493,12 +493,6 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The route of `plan` ([`Inner::decide`]).
-    pub(crate) fn route(&self, plan: &Plan) -> Route {
-        let mut st = self.lock();
-        self.decide(&mut st, plan).route
-    }
-
     /// The routing decision for `plan`, logging the priced candidates once per collective,
     /// size class and placement when `oxccl::tune` logs at debug level.
     fn decide(&self, st: &mut State, plan: &Plan) -> Decision {
@@ -530,12 +524,17 @@ impl Inner {
         ));
         if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
             let class = usize::BITS - bytes.leading_zeros();
-            if st.logged.len() < 4096 && st.logged.insert((plan.collective, class, plan.in_place)) {
+            if st.logged.len() < 4096
+                && st
+                    .logged
+                    .insert((plan.collective, class, (plan.in_place, plan.on_device)))
+            {
                 let table = self.price(st, plan);
                 tracing::debug!(target: "oxccl::tune", rank = self.rank,
-                    "{} of {bytes} B{}: {}; candidates: {} (costs: {})",
+                    "{} of {bytes} B{}{}: {}; candidates: {} (costs: {})",
                     plan.collective,
                     if plan.in_place { " in place" } else { "" },
+                    if plan.on_device { " on device memory" } else { "" },
                     d,
                     tune::table_line(plan.collective, &table),
                     st.costs.source());

@@ -229,8 +229,13 @@ impl Communicator {
             return Ok(None);
         };
         let plan = plan.on_device(true);
-        // The routing decision, as for every call.
-        if self.inner.route(&plan) != Route::Device(DeviceWay::Native) {
+        // The routing decision, as for every call (`tune::decide` takes this branch for a plan
+        // on device memory: it needs neither the costs nor the communicator's lock). An
+        // all-to-all goes to the group in either placement: ranks may place it differently, and
+        // the group stages it for every rank when any is in place (`decide`), where ranks
+        // deciding apart would wait for each other.
+        let route = crate::tune::on_device(&plan, &self.inner.means).route;
+        if route != Route::Device(DeviceWay::Native) && plan.collective != Collective::AllToAll {
             return Ok(None);
         }
         let n = self.size();

@@ -447,7 +447,7 @@ fn price_schedule(
 /// when the call runs, by every rank alike: ranks whose streams are of different CUDA contexts,
 /// or of a context that is not the device's primary one, stage that call; see
 /// `comm/native.rs`.)
-fn on_device(plan: &Plan, means: &Means) -> Decision {
+pub(crate) fn on_device(plan: &Plan, means: &Means) -> Decision {
     let staged = |why| Decision {
         route: Route::Device(DeviceWay::Staged),
         why,
@@ -464,13 +464,12 @@ fn on_device(plan: &Plan, means: &Means) -> Decision {
         Collective::Gather | Collective::Scatter => {
             staged("no device form of gather and scatter yet: through host memory")
         }
-        // Ranks may place a call differently, so every rank deposits it and the group stages
-        // it for all when any rank's is in place (`comm/native.rs`).
-        Collective::AllToAll if plan.in_place => Decision {
-            route: Route::Device(DeviceWay::Native),
-            why: "every rank in this process, but in-place all-to-all has no device form: the \
-                  ranks' device group stages it through host memory",
-        },
+        // (Ranks may place an all-to-all differently: every rank's goes to the device group,
+        // which stages it for all when any is in place; see `comm/native.rs`.)
+        Collective::AllToAll if plan.in_place => staged(
+            "in-place all-to-all has no device form: through host memory (every rank's, since \
+             the ranks' device group decides it for all)",
+        ),
         Collective::AllReduce
         | Collective::Broadcast
         | Collective::Reduce
@@ -606,6 +605,10 @@ pub(crate) fn price(
     hosts: &Hosts,
     prices: &mut Prices,
 ) -> Vec<(Route, Option<f64>)> {
+    // A call on device memory is not priced: where the device can run it, it does.
+    if plan.on_device {
+        return vec![(on_device(plan, means).route, None)];
+    }
     if config
         .algorithm
         .is_some_and(|a| a.supports(plan.collective))
@@ -899,6 +902,9 @@ mod tests {
             };
             assert_eq!(d.route, Route::Device(want), "{c}: {d}");
         }
+        let a2a = Plan::new(Collective::AllToAll, 1 << 20, DataType::F32).on_device(true);
+        let d = decide(&a2a.in_place(true), &threads, &config, costs);
+        assert_eq!(d.route, Route::Device(DeviceWay::Staged), "{d}");
         // OXCCL_ALGO and the area's settings concern host calls only.
         let forced = Config {
             algorithm: Some(Algorithm::Ring),

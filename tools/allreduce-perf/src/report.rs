@@ -81,7 +81,11 @@ pub fn header(s: &Settings, version: &str) -> String {
     // "# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d
     //  iters: %d agg iters: %d validation: %d graph: %d unalign: %d"
     // Ranks as threads of one process (`--threads`) are nccl-tests' `-t N`.
-    let threads = if s.threads { s.ranks.unwrap_or(1) } else { 1 };
+    let threads = if s.threads {
+        s.ranks.unwrap_or(crate::launch::DEFAULT_RANKS)
+    } else {
+        1
+    };
     out += &format!(
         "# nThread {threads} nGpus 1 minBytes {} maxBytes {} step: {step}({unit}) warmup iters: {} \
          iters: {} agg iters: 1 validation: {} graph: 0 unalign: 0\n",

@@ -682,8 +682,9 @@ pub(crate) fn put_back(held: Vec<Held>) -> Outcome {
                     Ok(true) => Ok(()),
                     Ok(false) => Err(Failure {
                         code: oxcclInvalidUsage,
-                        message: "a collective on device memory inside a group whose ranks' \
-                                  streams are of different CUDA contexts (not supported yet)"
+                        message: "a collective on device memory inside a group that the \
+                                  ranks' device group must stage (their streams of different \
+                                  CUDA contexts, or an in-place all-to-all): not supported yet"
                             .into(),
                     }),
                     Err(e) => Err(Failure::from(e)),

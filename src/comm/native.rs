@@ -230,12 +230,14 @@ impl Communicator {
         };
         let plan = plan.on_device(true);
         // The routing decision, as for every call (`tune::decide` takes this branch for a plan
-        // on device memory: it needs neither the costs nor the communicator's lock). An
-        // all-to-all goes to the group in either placement: ranks may place it differently, and
-        // the group stages it for every rank when any is in place (`decide`), where ranks
-        // deciding apart would wait for each other.
-        let route = crate::tune::on_device(&plan, &self.inner.means).route;
-        if route != Route::Device(DeviceWay::Native) && plan.collective != Collective::AllToAll {
+        // on device memory: it needs neither the costs nor the communicator's lock). Ranks may
+        // place a call differently, so it goes to the group where either placement runs on the
+        // device, and the group stages it for every rank when any rank's has no device form
+        // (`decide`): ranks deciding apart would wait for each other.
+        let native = |p: &Plan| {
+            crate::tune::on_device(p, &self.inner.means).route == Route::Device(DeviceWay::Native)
+        };
+        if !native(&plan) && !native(&plan.in_place(!plan.in_place)) {
             return Ok(None);
         }
         let n = self.size();
@@ -497,8 +499,11 @@ fn decide(st: &mut State, deposits: &[Deposit], n: usize) -> Verdict {
     if deposits.iter().any(|d| d.ctx != ctx) {
         return Verdict::Staged("the ranks' streams belong to different CUDA contexts".into());
     }
-    if plan.collective == Collective::AllToAll && deposits.iter().any(|d| d.plan.in_place) {
-        return Verdict::Staged("in-place all-to-all".into());
+    if let Some(why) = deposits
+        .iter()
+        .find_map(|d| crate::tune::device_form(&d.plan).err())
+    {
+        return Verdict::Staged(why.into());
     }
     if st.reducer.is_none() {
         match group_reducer(ctx) {

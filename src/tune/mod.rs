@@ -448,38 +448,46 @@ fn price_schedule(
 /// or of a context that is not the device's primary one, stage that call; see
 /// `comm/native.rs`.)
 pub(crate) fn on_device(plan: &Plan, means: &Means) -> Decision {
-    let staged = |why| Decision {
-        route: Route::Device(DeviceWay::Staged),
-        why,
-    };
-    if !means.device_group {
-        return staged(if means.nranks < 2 {
+    let why = if !means.device_group {
+        if means.nranks < 2 {
             "one rank: a copy through host memory"
         } else {
             "ranks in several processes (CUDA IPC between processes is not built): through \
              host memory and the host route"
-        });
-    }
-    match plan.collective {
-        Collective::Gather | Collective::Scatter => {
-            staged("no device form of gather and scatter yet: through host memory")
         }
-        // (Ranks may place an all-to-all differently: every rank's goes to the device group,
-        // which stages it for all when any is in place; see `comm/native.rs`.)
-        Collective::AllToAll if plan.in_place => staged(
-            "in-place all-to-all has no device form: through host memory (every rank's, since \
-             the ranks' device group decides it for all)",
-        ),
+    } else {
+        match device_form(plan) {
+            Ok(()) => {
+                return Decision {
+                    route: Route::Device(DeviceWay::Native),
+                    why: "every rank in this process: on the device between the ranks' buffers",
+                };
+            }
+            Err(why) => why,
+        }
+    };
+    Decision {
+        route: Route::Device(DeviceWay::Staged),
+        why,
+    }
+}
+
+/// Whether the device path has `plan`'s collective in `plan`'s placement (`Err`: why not). Ranks
+/// may place one call differently: the device group runs a call only when every rank's placement
+/// has a device form (`comm/native.rs`).
+pub(crate) fn device_form(plan: &Plan) -> Result<(), &'static str> {
+    match plan.collective {
         Collective::AllReduce
         | Collective::Broadcast
         | Collective::Reduce
         | Collective::AllGather
-        | Collective::ReduceScatter
-        | Collective::AllToAll => Decision {
-            route: Route::Device(DeviceWay::Native),
-            why: "every rank in this process: on the device between the ranks' buffers",
-        },
-        _ => staged("no device form of this call: through host memory"),
+        | Collective::ReduceScatter => Ok(()),
+        Collective::AllToAll if !plan.in_place => Ok(()),
+        Collective::AllToAll => Err("in-place all-to-all has no device form: through host memory"),
+        Collective::Gather | Collective::Scatter => {
+            Err("no device form of gather and scatter yet: through host memory")
+        }
+        Collective::Barrier => Err("no device form of this call: through host memory"),
     }
 }
 

@@ -24,26 +24,33 @@ const INFO_BYTES: usize = 512;
 
 /// Runs this rank; returns its exit status (0 all right, 1 wrong elements, 3 failure).
 pub fn run(s: &Settings, rv: &Rendezvous) -> u8 {
-    let made = config(s).and_then(|c| Communicator::init(c).map_err(|e| e.to_string()));
     let place = Place {
         local_rank: rv.local_rank,
         source: rv.source,
     };
-    exit_status(rv.rank, made.and_then(|comm| job(s, comm, &place)))
+    let ran = config(s).and_then(|c| {
+        let comm = Communicator::init(c.clone()).map_err(|e| e.to_string())?;
+        job(s, &c, comm, &place)
+    });
+    exit_status(rv.rank, ran)
 }
 
 /// `--threads`: the `--ranks` ranks as threads of this process (`Communicator::init_local`);
 /// returns the worst exit status of any rank.
 pub fn threads(s: &Settings) -> u8 {
     let n = s.ranks.unwrap_or(crate::launch::DEFAULT_RANKS);
-    let comms =
-        match config(s).and_then(|c| Communicator::init_local(n, c).map_err(|e| e.to_string())) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("allreduce-perf: --threads: {e}");
-                return 3;
-            }
-        };
+    let made = config(s).and_then(|c| {
+        let comms = Communicator::init_local(n, c.clone()).map_err(|e| e.to_string())?;
+        Ok((c, comms))
+    });
+    let (config, comms) = match made {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("allreduce-perf: --threads: {e}");
+            return 3;
+        }
+    };
+    let config = &config;
     std::thread::scope(|sc| {
         let runs: Vec<_> = comms
             .into_iter()
@@ -54,7 +61,7 @@ pub fn threads(s: &Settings) -> u8 {
                         local_rank: Some(rank),
                         source: "threads",
                     };
-                    exit_status(rank, job(s, comm, &place))
+                    exit_status(rank, job(s, config, comm, &place))
                 })
             })
             .collect();
@@ -138,10 +145,14 @@ fn config(s: &Settings) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Returns the number of wrong elements over the whole run.
-fn job(s: &Settings, comm: Communicator, place: &Place<'_>) -> Result<u64, String> {
+/// Returns the number of wrong elements over the whole run of `comm`, made with `config`.
+fn job(
+    s: &Settings,
+    config: &Config,
+    comm: Communicator,
+    place: &Place<'_>,
+) -> Result<u64, String> {
     let start_time = record::now_rfc3339();
-    let config = config(s)?;
     let algo = config.algorithm.map_or("auto", |a| a.name()).to_owned();
     let allowed: Vec<String> = config.transports.order().map(str::to_owned).collect();
     let timeout_s = config.timeout.as_secs_f64();

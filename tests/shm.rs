@@ -145,6 +145,110 @@ fn every_path_over_shared_memory_matches_the_reference() {
     ));
 }
 
+/// Rank `r`'s float at `i` for [`one_shot_folds_in_rank_order_on_every_rank`]: magnitudes far
+/// apart and signs that cancel, so that sums and products come out differently in another
+/// order; every 97th element of rank 1 a NaN, and zeros of both signs.
+fn uneven(r: usize, i: usize) -> f64 {
+    if r == 1 && i % 97 == 3 {
+        return f64::NAN;
+    }
+    match (r + i) % 5 {
+        0 => 1.0e8 + i as f64,
+        1 => 1.0 + 1.0e-3 * (r * 31 + i) as f64,
+        2 => -1.0e8 - r as f64,
+        3 => {
+            if i.is_multiple_of(2) {
+                0.0
+            } else {
+                -0.0
+            }
+        }
+        _ => 3.0e-7 * (i + 1) as f64 / (r + 1) as f64,
+    }
+}
+
+/// The one-shot all-reduce folds in rank order on every rank. Ranks 0 and 1 combine the first
+/// two contributions in one pass (rank 1 with its own as the left operand, which no operator
+/// tells apart but by a NaN's payload), the others fold them one by one: every rank's result
+/// must be the rank-order fold, bit for bit (any NaN for a NaN), where the order shows in the
+/// result, in both placements, for f32 and f64, on 2, 3 and 4 ranks.
+#[test]
+fn one_shot_folds_in_rank_order_on_every_rank() {
+    use oxccl::Element;
+    fn check<T: Element + Copy + std::fmt::Debug>(
+        c: &Communicator,
+        n: usize,
+        of: impl Fn(f64) -> T,
+        combine: impl Fn(ReduceOp, T, T) -> T,
+        nan: impl Fn(T) -> bool,
+        bits: impl Fn(T) -> u64,
+    ) -> Result<(), String> {
+        let r = c.rank();
+        for count in [1, 5, 300, 4097] {
+            let mine: Vec<T> = (0..count).map(|i| of(uneven(r, i))).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+                let want: Vec<T> = (0..count)
+                    .map(|i| (1..n).fold(of(uneven(0, i)), |a, q| combine(op, a, of(uneven(q, i)))))
+                    .collect();
+                let same = |got: &[T]| {
+                    got.iter()
+                        .zip(&want)
+                        .position(|(&g, &w)| bits(g) != bits(w) && !(nan(g) && nan(w)))
+                };
+                let mut out = mine.clone();
+                c.all_reduce(&mine, &mut out, op)
+                    .map_err(|e| e.to_string())?;
+                if let Some(i) = same(&out) {
+                    return Err(format!(
+                        "rank {r}: {op:?} of {count} out of place: element {i} is {:?}, the fold in rank order {:?}",
+                        out[i], want[i]
+                    ));
+                }
+                let mut buf = mine.clone();
+                c.all_reduce_in_place(&mut buf, op)
+                    .map_err(|e| e.to_string())?;
+                if let Some(i) = same(&buf) {
+                    return Err(format!(
+                        "rank {r}: {op:?} of {count} in place: element {i} is {:?}, the fold in rank order {:?}",
+                        buf[i], want[i]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+    // The library's operators on one type, as its arithmetic contract has them: IEEE
+    // maximum/minimum (NaN wins; of ±0 the maximum is +0 unless both are -0, the minimum -0
+    // unless both are +0).
+    macro_rules! combine {
+        ($t:ty) => {
+            |op, a: $t, b: $t| match op {
+                ReduceOp::Sum => a + b,
+                ReduceOp::Prod => a * b,
+                _ if a.is_nan() || b.is_nan() => a + b,
+                ReduceOp::Max if a == b => <$t>::from_bits(a.to_bits() & b.to_bits()),
+                ReduceOp::Min if a == b => <$t>::from_bits(a.to_bits() | b.to_bits()),
+                ReduceOp::Max => a.max(b),
+                _ => a.min(b),
+            }
+        };
+    }
+    for n in [2, 3, 4] {
+        let comms = shm(
+            n,
+            Config::default().area_way(Some(oxccl::tune::Way::OneShot)),
+        );
+        let results = on_each(&comms, |c| {
+            let wide = |x: f32| u64::from(x.to_bits());
+            check(c, n, |x| x as f32, combine!(f32), f32::is_nan, wide)?;
+            check(c, n, |x| x, combine!(f64), f64::is_nan, f64::to_bits)
+        });
+        for (r, (res, _)) in results.into_iter().enumerate() {
+            res.unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+        }
+    }
+}
+
 /// Counts (per rank's block) for the other area collectives: empty, tiny, uneven, and past one
 /// staged piece (1 MiB per rank for all-gather, broadcast and reduce; 1 MiB / n for
 /// reduce-scatter) and one direct copy part (1 MiB).

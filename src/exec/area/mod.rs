@@ -283,7 +283,7 @@ impl AreaPath {
         let in_place = blocks.in_place;
         match protocol {
             Protocol::OneShot => {
-                return self.small_all_reduce(&mut w, next(), plan, input, output);
+                return self.small_all_reduce(&mut w, next(), plan, input, output, in_place);
             }
             Protocol::Agree { direct } => {
                 if self.go_direct(&mut w, next(), plan, &blocks, direct)? {

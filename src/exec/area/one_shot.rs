@@ -4,9 +4,9 @@
 //! Ranks 0 and 1 hold one of the first two contributions themselves: they combine it with the
 //! other in one pass, reading their own from their input (out of place) or from their output,
 //! which holds it (in place), instead of copying rank 0's into the output and folding rank 1's
-//! into that: on 2 ranks one pass over the message where there were two (paired runs, forced
-//! one-shot, 256 B – 64 KiB: 0.82–0.91 of the time out of place, 0.75–0.87 in place,
-//! 2026-11-28). Rank 1 computes `own ⊕ rank 0's`, which every operator gives bit for bit as
+//! into that: on 2 ranks one pass over the message where there were two (paired runs of the
+//! builds before and after, forced one-shot, 2 ranks, 2026-11-28: 0.80–0.91 of the time from 1
+//! to 64 KiB in both placements, 0.96–0.99 at 16–256 B). Rank 1 computes `own ⊕ rank 0's`, which every operator gives bit for bit as
 //! `rank 0's ⊕ own` but for which NaN payload comes out (the arithmetic contract in
 //! [`crate::types`] leaves that open); every other rank folds in rank order as before.
 

@@ -6,9 +6,10 @@
 //! which holds it (in place), instead of copying rank 0's into the output and folding rank 1's
 //! into that: on 2 ranks one pass over the message where there were two (paired runs of the
 //! builds before and after, forced one-shot, 2 ranks, 2026-11-28: 0.80–0.91 of the time from 1
-//! to 64 KiB in both placements, 0.96–0.99 at 16–256 B). Rank 1 computes `own ⊕ rank 0's`, which every operator gives bit for bit as
-//! `rank 0's ⊕ own` but for which NaN payload comes out (the arithmetic contract in
-//! [`crate::types`] leaves that open); every other rank folds in rank order as before.
+//! to 64 KiB in both placements, 0.94–0.99 at 16–256 B). Rank 1 computes `own ⊕ rank 0's`,
+//! which every operator gives bit for bit as `rank 0's ⊕ own` but for which NaN payload comes
+//! out (the arithmetic contract in [`crate::types`] leaves that open); every other rank folds
+//! in rank order as before.
 
 use super::{AreaPath, Data, Waiter, fold_in};
 use crate::algo::Plan;

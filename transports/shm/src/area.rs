@@ -139,7 +139,7 @@ const PROGRESS_BITS: u32 = 24;
 pub const MAX_PARTS: u64 = (1 << PROGRESS_BITS) - 1;
 
 #[inline]
-fn slot_offset(k: usize) -> usize {
+const fn slot_offset(k: usize) -> usize {
     size_of::<AreaHeader>().next_multiple_of(128) + k * SLOT
 }
 
@@ -147,6 +147,10 @@ fn slot_offset(k: usize) -> usize {
 fn buffer_offset(b: usize) -> usize {
     slot_offset(SLOTS as usize).next_multiple_of(4096) + b * AREA_BYTES
 }
+
+/// Where the header and the ring of slots end: the part every call touches, mapped when the
+/// segment is (the large buffers are mapped as messages first reach them).
+const RING_END: usize = slot_offset(SLOTS as usize);
 
 fn area_len() -> usize {
     buffer_offset(2)
@@ -167,6 +171,10 @@ impl AreaSegment {
         let h = unsafe { &*seg.as_ptr().cast::<AreaHeader>() };
         h.magic.store(MAGIC, Ordering::Relaxed);
         h.bytes.store(AREA_BYTES as u64, Ordering::Relaxed);
+        // A hint: without it, each of the first turns through the ring faulted its slot's
+        // pages in, here and in every peer (`allreduce-perf -b 8 -e 8 -w 5` on 2 ranks: 8 µs a
+        // call for the first 64 calls, 0.5 after).
+        let _ = seg.prefault(RING_END);
         Ok(AreaSegment { seg })
     }
 
@@ -186,6 +194,7 @@ impl AreaSegment {
                 "not an oxccl area segment",
             ));
         }
+        let _ = seg.prefault(RING_END);
         Ok(AreaSegment { seg })
     }
 
@@ -622,3 +631,75 @@ impl Area {
 unsafe impl Send for Area {}
 // SAFETY: as above.
 unsafe impl Sync for Area {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// Page faults this thread has taken so far (minor: pages mapped on first touch).
+    fn minor_faults() -> i64 {
+        // SAFETY: all-zero is a valid `rusage`, which getrusage fills.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid `rusage` to write.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+        u.ru_minflt
+    }
+
+    /// Two ranks' areas as their two processes map them: each segment created by one, and
+    /// mapped again (opened) for the other.
+    fn pair() -> (Area, Area) {
+        let made: Vec<Arc<AreaSegment>> = (0..2)
+            .map(|_| Arc::new(AreaSegment::create().unwrap()))
+            .collect();
+        let opened = made
+            .iter()
+            .map(|s| {
+                let fd = s.fd().as_fd().try_clone_to_owned().unwrap();
+                Arc::new(AreaSegment::open(fd).unwrap())
+            })
+            .collect();
+        let area = |rank, segs| Area::new(rank, segs, vec![None, None], vec![false, false]);
+        (area(0, made), area(1, opened))
+    }
+
+    /// One trip around the ring: both ranks publish 8 bytes in every slot, each reading the
+    /// other's.
+    fn round(areas: [&Area; 2]) {
+        let desc = [7u8; DESC_BYTES];
+        for seq in 0..SLOTS {
+            for a in areas {
+                // SAFETY: this rank's place for 8 bytes of turn `seq`, which nobody reads before
+                // it is published.
+                unsafe { a.my_buffer(seq, 8).cast::<u64>().write_unaligned(seq) };
+                a.publish(seq, &desc, tag(&desc), 8, 8);
+            }
+            for (me, a) in areas.into_iter().enumerate() {
+                let p = a.observe(1 - me, seq).unwrap().unwrap();
+                // SAFETY: published 8 bytes, left alone until the next round.
+                assert_eq!(unsafe { p.data.cast::<u64>().read_unaligned() }, seq);
+            }
+        }
+    }
+
+    #[test]
+    fn the_ring_of_slots_is_mapped_before_the_first_call() {
+        let probe = AreaSegment::create().unwrap();
+        if let Err(e) = probe.seg.prefault(RING_END) {
+            eprintln!("skipped: MADV_POPULATE_WRITE is not available here ({e}; Linux 5.14+)");
+            return;
+        }
+        // The same calls on another pair first, so that the code and the stack they run on are
+        // mapped already and only the fresh pair's memory could fault below.
+        let (a, b) = pair();
+        round([&a, &b]);
+        let (a, b) = pair();
+        let before = minor_faults();
+        round([&a, &b]);
+        let faults = minor_faults() - before;
+        assert_eq!(
+            faults, 0,
+            "the first trip around a fresh ring took {faults} page faults"
+        );
+    }
+}

@@ -632,7 +632,8 @@ unsafe impl Send for Area {}
 // SAFETY: as above.
 unsafe impl Sync for Area {}
 
-#[cfg(test)]
+// Loom's atomics work only inside a loom model (`tests/loom.rs` models the ring).
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;

@@ -249,6 +249,74 @@ fn one_shot_folds_in_rank_order_on_every_rank() {
     }
 }
 
+/// The staged reduce folds in rank order at every root, in both placements, on 2, 3 and 4
+/// ranks: the root's result must be the rank-order fold bit for bit (any NaN for a NaN), where
+/// the order shows in the result. Small counts take the area's one-turn lane, 4097 the general
+/// path; an in-place root other than rank 0 of 3 or more ranks folds its own bytes in their
+/// place in the order, from the copy it publishes, on both.
+#[test]
+fn the_staged_reduce_folds_in_rank_order_at_every_root() {
+    let combine = |op, a: f32, b: f32| match op {
+        ReduceOp::Sum => a + b,
+        ReduceOp::Prod => a * b,
+        _ if a.is_nan() || b.is_nan() => a + b,
+        ReduceOp::Max if a == b => f32::from_bits(a.to_bits() & b.to_bits()),
+        ReduceOp::Min if a == b => f32::from_bits(a.to_bits() | b.to_bits()),
+        ReduceOp::Max => a.max(b),
+        _ => a.min(b),
+    };
+    for n in [2, 3, 4] {
+        let comms = shm(
+            n,
+            Config::default().area_way(Some(oxccl::tune::Way::Staged)),
+        );
+        let results = on_each(&comms, |c| {
+            let r = c.rank();
+            // The first wrong result; the calls go on, so that the peers do not wait for this
+            // rank until their deadline.
+            let mut first = None;
+            for count in [1, 5, 300, 4097] {
+                let of = |q: usize, i: usize| uneven(q, i) as f32;
+                let mine: Vec<f32> = (0..count).map(|i| of(r, i)).collect();
+                for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+                    let want: Vec<f32> = (0..count)
+                        .map(|i| (1..n).fold(of(0, i), |a, q| combine(op, a, of(q, i))))
+                        .collect();
+                    let wrong = |got: &[f32]| {
+                        got.iter().zip(&want).position(|(&g, &w)| {
+                            g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())
+                        })
+                    };
+                    for root in 0..n {
+                        let mut out = vec![0f32; count];
+                        c.reduce(&mine, &mut out, op, root)
+                            .map_err(|e| e.to_string())?;
+                        let mut buf = mine.clone();
+                        c.reduce_in_place(&mut buf, op, root)
+                            .map_err(|e| e.to_string())?;
+                        if r != root {
+                            continue;
+                        }
+                        for (place, got) in [("out of place", &out), ("in place", &buf)] {
+                            if let Some(i) = wrong(got).filter(|_| first.is_none()) {
+                                first = Some(format!(
+                                    "root {root}: {op:?} of {count} {place}: element {i} is {}, \
+                                     the fold in rank order {}",
+                                    got[i], want[i]
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            first.map_or(Ok(()), Err)
+        });
+        for (r, (res, _)) in results.into_iter().enumerate() {
+            res.unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+        }
+    }
+}
+
 /// Counts (per rank's block) for the other area collectives: empty, tiny, uneven, and past one
 /// staged piece (1 MiB per rank for all-gather, broadcast and reduce; 1 MiB / n for
 /// reduce-scatter) and one direct copy part (1 MiB).

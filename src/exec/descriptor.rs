@@ -12,6 +12,21 @@ pub const LEN: usize = 48;
 
 const MAGIC: u32 = 0x4F58_4344; // "OXCD"
 
+// The wire form names a collective and an algorithm by their place in `ALL`, which `decode`
+// indexes: the discriminants `encode` writes must be those places.
+const _: () = {
+    let mut i = 0;
+    while i < Collective::ALL.len() {
+        assert!(Collective::ALL[i] as usize == i);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < Algorithm::ALL.len() {
+        assert!(Algorithm::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// What a rank called, as its peers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Descriptor {
@@ -105,16 +120,11 @@ impl Descriptor {
                 slice_bytes,
             } => {
                 b[4] = 1;
-                b[5] = Collective::ALL
-                    .iter()
-                    .position(|&c| c == collective)
-                    .unwrap_or(0) as u8;
+                // Each one's place in `ALL` (checked below), without searching for it.
+                b[5] = collective as u8;
                 b[6] = dtype as u8;
                 b[7] = op as u8;
-                b[8] = Algorithm::ALL
-                    .iter()
-                    .position(|&a| a == algorithm)
-                    .unwrap_or(0) as u8;
+                b[8] = algorithm as u8;
                 b[12..16].copy_from_slice(&root.to_le_bytes());
                 b[16..24].copy_from_slice(&seq.to_le_bytes());
                 b[24..32].copy_from_slice(&count.to_le_bytes());

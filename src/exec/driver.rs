@@ -578,6 +578,9 @@ impl Engine {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<()> {
+        if let Some(r) = self.run_area_small((plan, way, seq), input, output) {
+            return r;
+        }
         let name = OpName::Collective(plan.collective, seq);
         if self.busy() {
             return Err(Error::InvalidArgument(format!(
@@ -596,6 +599,44 @@ impl Engine {
             });
         }
         self.area_op(&name, (plan, way, seq), input, output)
+    }
+
+    /// A small call of the area's one-turn lane ([`AreaPath::small`]), run without the
+    /// layers; `None` (nothing done) where the call is not one, or where anything would make
+    /// it fail (the general path says how).
+    #[inline]
+    fn run_area_small(
+        &mut self,
+        (plan, way, seq): (Plan, Way, u64),
+        input: (*const u8, usize),
+        output: (*mut u8, usize),
+    ) -> Option<Result<()>> {
+        if !self.area.as_ref()?.small(&plan, way)
+            || self.busy()
+            || self.flags.is_aborted()
+            || self.broken.is_some()
+            || self.dead.iter().any(Option::is_some)
+            || self.flags.any_lost()
+        {
+            return None;
+        }
+        // Taken out for the call (the path drives this engine) and put back after.
+        let area = self.area.take()?;
+        let mut turns = self.area_turns;
+        let timeout = self.timeout;
+        let r = area.run_small(
+            self,
+            (seq, &mut turns),
+            (&plan, way),
+            (input, output),
+            timeout,
+        );
+        self.area_turns = turns;
+        if self.broken.is_some() {
+            area.fail(self.broken_by);
+        }
+        self.area = Some(area);
+        Some(r)
     }
 
     fn area_op(

@@ -63,6 +63,12 @@ impl Flags {
         }
     }
 
+    /// Whether a peer was declared failed ([`Flags::lost`] says which and why).
+    #[inline]
+    pub fn any_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire) != 0
+    }
+
     /// The peer declared failed, and why.
     #[inline]
     pub fn lost(&self) -> Option<(Rank, String)> {

@@ -48,6 +48,7 @@ use waiter::Waiter;
 
 mod direct;
 mod one_shot;
+mod small;
 mod staged;
 mod two_shot;
 mod waiter;
@@ -104,6 +105,9 @@ pub struct AreaPath {
     /// How many turns this rank may run ahead of a rank it reads nothing from: [`LAG`], or
     /// [`CROWDED_LAG`] where ranks outnumber cores (ranks may differ; see [`LAG`]).
     lag: u64,
+    /// Bytes of each rank's block in a staged piece where one buffer holds a piece of every
+    /// rank's block ([`STAGE_BYTES`] / ranks).
+    shared_stage: usize,
 }
 
 impl AreaPath {
@@ -121,6 +125,7 @@ impl AreaPath {
         let direct = direct && area.direct();
         let pace = if crowded { CROWDED } else { ROOMY };
         let checked = (0..area.len()).map(|_| AtomicU64::new(0)).collect();
+        let shared_stage = STAGE_BYTES / area.len().max(1);
         AreaPath {
             area,
             rank,
@@ -129,6 +134,7 @@ impl AreaPath {
             pace,
             checked,
             lag: if crowded { CROWDED_LAG } else { LAG },
+            shared_stage,
         }
     }
 
@@ -191,6 +197,7 @@ impl AreaPath {
     /// every rank can reach every peer's memory, start with one turn where ranks publish their
     /// addresses and whether they ask for direct (they go direct only if all do: placement may
     /// differ between ranks); two-shot alone otherwise.
+    #[inline(always)]
     fn protocol(&self, way: Way) -> Protocol {
         match way {
             Way::OneShot => Protocol::OneShot,
@@ -205,26 +212,38 @@ impl AreaPath {
     /// Elements per piece of a two-shot all-reduce, or of a staged collective, of `plan`;
     /// and how many pieces (at least one: every call takes a turn, so every call is checked
     /// against the peers').
+    ///
+    /// No division on the way (every call asks, and a division takes as long as a few dozen
+    /// other instructions): element sizes are powers of two, and a rank's share of a stage is
+    /// worked out once.
+    #[inline]
     fn piece(&self, plan: &Plan) -> usize {
         // A staged reduce-scatter, scatter or all-to-all publishes a piece of every peer's
         // block in one buffer.
         let stage = match plan.collective {
             Collective::ReduceScatter | Collective::Scatter | Collective::AllToAll => {
-                STAGE_BYTES / self.area.len().max(1)
+                self.shared_stage
             }
             _ => STAGE_BYTES,
         };
-        (stage.min(AREA_BYTES) / plan.dtype.size()).max(1)
+        (stage.min(AREA_BYTES) >> plan.dtype.size().trailing_zeros()).max(1)
     }
 
+    #[inline]
     fn pieces(&self, plan: &Plan) -> usize {
-        plan.count.div_ceil(self.piece(plan)).max(1)
+        let piece = self.piece(plan);
+        if plan.count <= piece {
+            1
+        } else {
+            plan.count.div_ceil(piece)
+        }
     }
 
     /// The descriptor collective `seq` carries on this path. Its slice size tells the ways
     /// apart (the whole message one-shot, a piece two-shot or staged, a part direct), so ranks
     /// whose settings send one call different ways fail with a mismatch instead of misreading
     /// each other's publications.
+    #[inline(always)]
     fn descriptor(&self, seq: u64, plan: &Plan, protocol: Protocol) -> Descriptor {
         let unit = match protocol {
             Protocol::OneShot if plan.collective == Collective::AllReduce => {
@@ -309,9 +328,12 @@ impl AreaPath {
     /// This rank's place for `bytes` of data of `turn` ([`Area::my_buffer`]), once it may write
     /// there: every rank has published turn `turn - lag` (their descriptors up to it checked
     /// against ours), and for a large buffer `turn - 1`.
+    #[inline(always)]
     fn claim(&self, w: &mut Waiter<'_>, turn: u64, bytes: usize) -> Result<*mut u8> {
         w.turn = turn;
-        if turn >= self.lag {
+        // Most calls find every peer's turns checked far enough already (one check covers
+        // every turn a peer has published): a look at the counters, no call.
+        if turn >= self.lag && self.unchecked(turn - self.lag) {
             self.catch_up(w, turn, turn - self.lag)?;
         }
         if Area::in_buffer(bytes) && turn >= 1 {
@@ -320,12 +342,22 @@ impl AreaPath {
         Ok(self.area.my_buffer(turn, bytes))
     }
 
+    /// Whether some peer's descriptors have been checked only up to turn `upto` or less.
+    #[inline(always)]
+    fn unchecked(&self, upto: u64) -> bool {
+        self.checked
+            .iter()
+            .enumerate()
+            .any(|(r, c)| r != self.rank && c.load(Ordering::Relaxed) <= upto)
+    }
+
     /// Waits until every rank has published turn `upto`, and checks each one's descriptors
     /// of the turns not checked yet against ours (also those past `upto` already published,
     /// before `turn`). A rank's descriptor of turn `t` stays in its slot until it writes
     /// `t + SLOTS`, for which it waits for this rank's `t + SLOTS - lag'` (its lag, at most
     /// `SLOTS / 2`, as ours): so every turn from `turn - lag` on is still there, and earlier
     /// ones were checked by earlier calls.
+    #[inline(never)]
     fn catch_up(&self, w: &mut Waiter<'_>, turn: u64, upto: u64) -> Result<()> {
         for r in (0..self.area.len()).filter(|&r| r != self.rank) {
             let mut t = self.checked[r].load(Ordering::Relaxed);
@@ -461,59 +493,98 @@ impl AreaPath {
                     len,
                 }
             } else if reads(r) {
-                w.until(|| self.area.observe(r, turn).ok().flatten().ok_or(r))?
+                self.published_by(w, r, turn)?
             } else {
                 continue;
             };
-            if p.tag != tag || p.len != len {
-                // SAFETY: published with the stamp observed, in area memory: read once, as a
-                // copy (any bytes are a valid array).
-                let theirs = unsafe { oxccl_transport::shared::read(p.desc) };
-                return Err(self.mismatch(w, r, &desc, &theirs));
-            }
             if r != self.rank {
-                // Checked now: the lagged check need not read it again. One call at a time
-                // runs on this path (the engine's), as `catch_up` assumes too: a load and a
-                // store, not a locked compare-exchange, which would wait for this call's
-                // stores to reach the cache on every read of a peer.
-                if self.checked[r].load(Ordering::Relaxed) == turn {
-                    self.checked[r].store(turn + 1, Ordering::Relaxed);
-                }
+                self.accept(w, r, turn, &p, (&desc, tag, len))?;
             }
             each(r, p.data)?;
         }
-        if let Some((peer, origin)) = self.area.failed_peer() {
-            // A rank that reads nothing from `peer` would not wait for it, so would not see
-            // its failure notice: say it here, after what this rank reads was checked (a
-            // mismatch it sees itself is the better error), naming the rank at the root of
-            // the failure as a notice would. `peer` may have failed on a call of ours it
-            // found different from its own within the lag (a broadcast whose ranks named
-            // different roots): the turns not checked against it yet are still in both
-            // slots, so look, and name the calls that differ as it did. This turn too, which
-            // this rank published above: the calls may differ from it on, and `peer` may have
-            // failed on it (with a narrower lag than ours it checks this turn before we would).
-            let from = self.checked[peer].load(Ordering::Relaxed);
-            for t in from..=turn {
-                if let Ok(Some(both)) = self.differs(peer, t) {
-                    return Err(self.mismatch_published(w, peer, both));
-                }
-            }
-            let cause = if origin == peer || origin == self.rank {
-                "its communicator failed or was aborted".to_string()
-            } else {
-                format!("reported by rank {peer}, whose communicator failed because of it")
-            };
-            let peer = if origin == self.rank { peer } else { origin };
-            let e = Error::PeerFailed {
-                rank: self.rank,
-                peer,
-                op: w.name.to_string(),
-                cause,
-            };
-            w.fail(&e);
-            return Err(e);
+        self.look_for_failures(w, turn)
+    }
+
+    /// Rank `r`'s publication of `turn`, waiting for it where it is not there yet (a look
+    /// first: most calls find it there, and need no waiter's machinery).
+    #[inline(always)]
+    fn published_by(&self, w: &mut Waiter<'_>, r: Rank, turn: u64) -> Result<Published> {
+        if let Ok(Some(p)) = self.area.observe(r, turn) {
+            return Ok(p);
+        }
+        w.until(|| self.area.observe(r, turn).ok().flatten().ok_or(r))
+    }
+
+    /// Checks rank `r`'s publication `p` of `turn` against ours (`desc`, its tag, the call's
+    /// length) before this rank reads its data: a different call fails with both descriptors.
+    #[inline(always)]
+    fn accept(
+        &self,
+        w: &mut Waiter<'_>,
+        r: Rank,
+        turn: u64,
+        p: &Published,
+        (desc, tag, len): (&[u8; DESC_BYTES], u64, usize),
+    ) -> Result<()> {
+        if p.tag != tag || p.len != len {
+            // SAFETY: published with the stamp observed, in area memory: read once, as a
+            // copy (any bytes are a valid array).
+            let theirs = unsafe { oxccl_transport::shared::read(p.desc) };
+            return Err(self.mismatch(w, r, desc, &theirs));
+        }
+        // Checked now: the lagged check need not read it again. One call at a time runs on
+        // this path (the engine's), as `catch_up` assumes too: a load and a store, not a
+        // locked compare-exchange, which would wait for this call's stores to reach the
+        // cache on every read of a peer.
+        if self.checked[r].load(Ordering::Relaxed) == turn {
+            self.checked[r].store(turn + 1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// After this rank's part of `turn`: fails if a peer's communicator failed (see
+    /// [`Area::fail`]).
+    #[inline]
+    fn look_for_failures(&self, w: &mut Waiter<'_>, turn: u64) -> Result<()> {
+        match self.area.failed_peer() {
+            None => Ok(()),
+            Some((peer, origin)) => Err(self.failed_peer(w, turn, peer, origin)),
+        }
+    }
+
+    /// The error of a call that finds rank `peer`'s communicator failed, `origin` being the
+    /// rank it named at the root of the failure; fails this communicator.
+    #[cold]
+    fn failed_peer(&self, w: &mut Waiter<'_>, turn: u64, peer: Rank, origin: Rank) -> Error {
+        // A rank that reads nothing from `peer` would not wait for it, so would not see its
+        // failure notice: say it here, after what this rank reads was checked (a mismatch it
+        // sees itself is the better error), naming the rank at the root of the failure as a
+        // notice would. `peer` may have failed on a call of ours it found different from its
+        // own within the lag (a broadcast whose ranks named different roots): the turns not
+        // checked against it yet are still in both slots, so look, and name the calls that
+        // differ as it did. This turn too, which this rank published: the calls may differ
+        // from it on, and `peer` may have failed on it (with a narrower lag than ours it
+        // checks this turn before we would).
+        let from = self.checked[peer].load(Ordering::Relaxed);
+        for t in from..=turn {
+            if let Ok(Some(both)) = self.differs(peer, t) {
+                return self.mismatch_published(w, peer, both);
+            }
+        }
+        let cause = if origin == peer || origin == self.rank {
+            "its communicator failed or was aborted".to_string()
+        } else {
+            format!("reported by rank {peer}, whose communicator failed because of it")
+        };
+        let peer = if origin == self.rank { peer } else { origin };
+        let e = Error::PeerFailed {
+            rank: self.rank,
+            peer,
+            op: w.name.to_string(),
+            cause,
+        };
+        w.fail(&e);
+        e
     }
 
     /// [`AreaPath::exchange`] where this rank reads every rank: their published data, in rank
@@ -607,6 +678,7 @@ pub(super) struct Blocks {
 impl Blocks {
     /// The regions of `plan` on rank `me` of `n`; `None` if a buffer is too small or the
     /// collective does not run through the area.
+    #[inline(always)]
     fn of(
         plan: &Plan,
         me: Rank,

@@ -18,7 +18,7 @@ use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
 use crate::reduce::cpu;
 use crate::reduce::shared::Shared;
-use crate::types::ReduceOp;
+use crate::types::{Rank, ReduceOp};
 
 impl AreaPath {
     /// Runs `plan` staged, piece by piece, taking each piece's turn from `next`.
@@ -247,7 +247,6 @@ impl AreaPath {
             // SAFETY: our input holds `at + len` bytes.
             Data::Copy(unsafe { b.src.add(at) }, len)
         };
-        let combiner = plan.op.combiner();
         // The root reads everybody's; the others read nobody's (and may run ahead).
         self.exchange(
             w,
@@ -259,44 +258,60 @@ impl AreaPath {
                 if !root || len == 0 {
                     return Ok(());
                 }
-                // SAFETY: the root's output holds `at + len` bytes; in place it is the input,
-                // which nothing else reads.
-                let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
-                // SAFETY: `data` is area memory (mapped while the area lives), disjoint from
-                // `out`, left alone by its owner until this rank publishes `turn + 1`; read
-                // for our own rank only where we published our bytes (`staged_own`).
-                let theirs = || unsafe { Shared::new(data, len) };
-                if staged_own {
-                    return fold_in(r, out, theirs(), plan);
-                }
-                if b.in_place {
-                    // `out` holds our own: rank 0's, or rank 1's of 2.
-                    return if r == me {
-                        Ok(())
-                    } else {
-                        cpu::reduce_shared(out, theirs(), plan.dtype, combiner)
-                    };
-                }
-                // SAFETY: out of place, our input holds `at + len` bytes, disjoint from `out`.
-                let own = || unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
-                // Ranks 0 and 1 combined in one pass where the root is one of them.
-                match (r, me) {
-                    (0, 0) if n == 1 => out.copy_from_slice(own()),
-                    (0, 0) | (1, 1) => {}
-                    (0, 1) | (1, 0) => {
-                        cpu::reduce_into_shared(out, own(), theirs(), plan.dtype, combiner)?
-                    }
-                    (0, _) => theirs().copy_to(out),
-                    (r, me) if r == me => cpu::reduce_bytes(out, own(), plan.dtype, combiner)?,
-                    _ => cpu::reduce_shared(out, theirs(), plan.dtype, combiner)?,
-                }
-                Ok(())
+                self.fold_at_root(plan, b, (at, len), staged_own, r, data)
             },
         )?;
         if root && plan.op == ReduceOp::Avg && len > 0 {
             // SAFETY: as above.
             let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
             cpu::divide_bytes(out, plan.dtype, n)?;
+        }
+        Ok(())
+    }
+
+    /// At a reduce's root: folds rank `r`'s piece (`len` bytes at `at` of its block), published
+    /// at `data`, into the output, in rank order ([`AreaPath::reduce_piece`]; `staged_own`: this
+    /// root published its own bytes too, and folds that copy).
+    #[inline]
+    pub(super) fn fold_at_root(
+        &self,
+        plan: &Plan,
+        b: &Blocks,
+        (at, len): (usize, usize),
+        staged_own: bool,
+        r: Rank,
+        data: *const u8,
+    ) -> Result<()> {
+        let (n, me) = (self.area.len(), self.rank);
+        let combiner = plan.op.combiner();
+        // SAFETY: the root's output holds `at + len` bytes; in place it is the input, which
+        // nothing else reads.
+        let out = unsafe { std::slice::from_raw_parts_mut(b.dst.add(at), len) };
+        // SAFETY: `data` is area memory (mapped while the area lives), disjoint from `out`,
+        // left alone by its owner until this rank publishes the next turn; read for our own
+        // rank only where we published our bytes (`staged_own`).
+        let theirs = || unsafe { Shared::new(data, len) };
+        if staged_own {
+            return fold_in(r, out, theirs(), plan);
+        }
+        if b.in_place {
+            // `out` holds our own: rank 0's, or rank 1's of 2.
+            return if r == me {
+                Ok(())
+            } else {
+                cpu::reduce_shared(out, theirs(), plan.dtype, combiner)
+            };
+        }
+        // SAFETY: out of place, our input holds `at + len` bytes, disjoint from `out`.
+        let own = || unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
+        // Ranks 0 and 1 combined in one pass where the root is one of them.
+        match (r, me) {
+            (0, 0) if n == 1 => out.copy_from_slice(own()),
+            (0, 0) | (1, 1) => {}
+            (0, 1) | (1, 0) => cpu::reduce_into_shared(out, own(), theirs(), plan.dtype, combiner)?,
+            (0, _) => theirs().copy_to(out),
+            (r, me) if r == me => cpu::reduce_bytes(out, own(), plan.dtype, combiner)?,
+            _ => cpu::reduce_shared(out, theirs(), plan.dtype, combiner)?,
         }
         Ok(())
     }

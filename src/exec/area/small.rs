@@ -38,13 +38,11 @@ impl AreaPath {
         let bytes = plan.count.saturating_mul(plan.dtype.size());
         (1..=SLOT_BYTES).contains(&bytes)
             && !plan.on_device
-            && match (plan.collective, way) {
-                (Collective::AllReduce, Way::OneShot) | (Collective::Broadcast, Way::Staged) => {
-                    true
-                }
-                (Collective::Reduce, Way::Staged) => true,
-                _ => false,
-            }
+            && matches!(
+                (plan.collective, way),
+                (Collective::AllReduce, Way::OneShot)
+                    | (Collective::Broadcast | Collective::Reduce, Way::Staged)
+            )
     }
 
     /// Hands every rank's publication of `turn` to `each` in rank order (ours at `mine`), each

@@ -167,6 +167,23 @@ fn uneven(r: usize, i: usize) -> f64 {
     }
 }
 
+/// The library's operators on one float type, as its arithmetic contract has them: IEEE
+/// maximum/minimum (NaN wins; of ±0 the maximum is +0 unless both are -0, the minimum -0 unless
+/// both are +0).
+macro_rules! combine {
+    ($t:ty) => {
+        |op, a: $t, b: $t| match op {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Prod => a * b,
+            _ if a.is_nan() || b.is_nan() => a + b,
+            ReduceOp::Max if a == b => <$t>::from_bits(a.to_bits() & b.to_bits()),
+            ReduceOp::Min if a == b => <$t>::from_bits(a.to_bits() | b.to_bits()),
+            ReduceOp::Max => a.max(b),
+            _ => a.min(b),
+        }
+    };
+}
+
 /// The one-shot all-reduce folds in rank order on every rank. Ranks 0 and 1 combine the first
 /// two contributions in one pass (rank 1 with its own as the left operand, which no operator
 /// tells apart but by a NaN's payload), the others fold them one by one: every rank's result
@@ -217,22 +234,6 @@ fn one_shot_folds_in_rank_order_on_every_rank() {
         }
         Ok(())
     }
-    // The library's operators on one type, as its arithmetic contract has them: IEEE
-    // maximum/minimum (NaN wins; of ±0 the maximum is +0 unless both are -0, the minimum -0
-    // unless both are +0).
-    macro_rules! combine {
-        ($t:ty) => {
-            |op, a: $t, b: $t| match op {
-                ReduceOp::Sum => a + b,
-                ReduceOp::Prod => a * b,
-                _ if a.is_nan() || b.is_nan() => a + b,
-                ReduceOp::Max if a == b => <$t>::from_bits(a.to_bits() & b.to_bits()),
-                ReduceOp::Min if a == b => <$t>::from_bits(a.to_bits() | b.to_bits()),
-                ReduceOp::Max => a.max(b),
-                _ => a.min(b),
-            }
-        };
-    }
     for n in [2, 3, 4] {
         let comms = shm(
             n,
@@ -256,15 +257,7 @@ fn one_shot_folds_in_rank_order_on_every_rank() {
 /// place in the order, from the copy it publishes, on both.
 #[test]
 fn the_staged_reduce_folds_in_rank_order_at_every_root() {
-    let combine = |op, a: f32, b: f32| match op {
-        ReduceOp::Sum => a + b,
-        ReduceOp::Prod => a * b,
-        _ if a.is_nan() || b.is_nan() => a + b,
-        ReduceOp::Max if a == b => f32::from_bits(a.to_bits() & b.to_bits()),
-        ReduceOp::Min if a == b => f32::from_bits(a.to_bits() | b.to_bits()),
-        ReduceOp::Max => a.max(b),
-        _ => a.min(b),
-    };
+    let combine = combine!(f32);
     for n in [2, 3, 4] {
         let comms = shm(
             n,

@@ -120,7 +120,7 @@ impl Descriptor {
                 slice_bytes,
             } => {
                 b[4] = 1;
-                // Each one's place in `ALL` (checked below), without searching for it.
+                // Each one's place in `ALL` (asserted at the top of this file), not searched for.
                 b[5] = collective as u8;
                 b[6] = dtype as u8;
                 b[7] = op as u8;

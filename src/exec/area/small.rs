@@ -6,9 +6,9 @@
 //! rank here and a rank on the general path (one whose engine had work queued) agree, and
 //! every error is the general path's: the helpers are shared.
 //!
-//! A call of a few bytes costs its instructions, and the layers were a third of them: on 2
-//! ranks a broadcast's root ran 1338 instructions per benchmark call and its other rank 1319
-//! before, 1022 and 953 with this lane (and the other savings of its commit; callgrind,
+//! A call of a few bytes costs its instructions, and the layers were a good part of them: on
+//! 2 ranks a broadcast's root ran 1342 instructions per benchmark call and its other rank 1320
+//! before, 1036 and 972 with this lane (and the other savings of its commit; callgrind,
 //! `tools/perf/call-ir.sh -r R target/release/allreduce-perf broadcast`), and the 8-byte
 //! broadcast took 0.74 / 0.73 of the time (out of place / in place, paired runs of the two
 //! builds, `tools/perf/ab.sh -n 16 OLD NEW -- --ranks 2 -o broadcast -b 8 -e 1K -f 128 -n 20000
@@ -127,11 +127,15 @@ impl AreaPath {
             Collective::Broadcast if me != plan.root => {
                 let p = self.published_by(&mut w, plan.root, turn)?;
                 self.accept(&mut w, plan.root, turn, &p, call)?;
-                // SAFETY: our output holds `len` bytes; the root's slot holds them, left alone
-                // until this rank publishes the next turn.
-                unsafe { Shared::new(p.data, len) }
-                    // SAFETY: as above.
-                    .copy_to(unsafe { std::slice::from_raw_parts_mut(b.dst, len) });
+                // SAFETY: the root's slot holds `len` bytes, left alone until this rank
+                // publishes the next turn; our output holds `len` bytes only we touch.
+                let (theirs, out) = unsafe {
+                    (
+                        Shared::new(p.data, len),
+                        std::slice::from_raw_parts_mut(b.dst, len),
+                    )
+                };
+                theirs.copy_to(out);
             }
             Collective::Broadcast => {}
             Collective::Reduce if me != plan.root => {}

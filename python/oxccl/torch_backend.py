@@ -3,7 +3,16 @@
 
 A Python subclass of torch's c10d ``Backend`` calls liboxccl's C ABI through ctypes (see
 ``_lib``). Nothing is compiled against torch, so one build serves every torch release that
-keeps this Python Backend API (2.15 is the one tested).
+keeps this Python Backend API (2.15 is tested). Where Python cannot subclass the Backend
+(torch 2.11, also tested) the class derives from ``ProcessGroup`` instead and stands for the
+whole group, which torch 2.11 accepts from a creator (``_GroupMethods``); there the package's
+``torch.backends`` hook registers the backend (``oxccl._autoload``: 2.11 reads no
+``torch.distributed.backends`` entry points), ``batch_isend_irecv`` on an
+oxccl group is made one group (``_patch_batch_isend_irecv``), and what torch 2.11 does not
+offer such a group stays missing: ``split_group`` and ``device_id`` splits, monitored_barrier
+(Gloo only there). The group mixes by itself there: under ``"cpu:oxccl,cuda:nccl"`` other
+devices' tensors go to an NCCL backend it makes on first use (``_route_by_device``; not yet
+run on a GPU).
 
 - Rendezvous: rank 0 of each group makes a UniqueId and puts it in the store torch hands the
   backend (the group's PrefixStore); the others read it there. No second store, no configured
@@ -46,10 +55,12 @@ What does not work, and why:
 
 import datetime
 import queue
+import sys
 import threading
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 from torch._C._distributed_c10d import Backend as _C10dBackend
 
 from . import _lib
@@ -185,7 +196,181 @@ class _Step:
         self.finish = finish
 
 
-class OxcclBackend(_C10dBackend):
+class _GroupMethods:
+    """What torch asks of a ProcessGroup subclass that stands for the whole group (where Python
+    cannot subclass the Backend: torch 2.11). torch keeps a group's name and its per-device
+    backends in the C++ backends such a group does not have, so the group answers for them:
+    its name, and itself as its CPU backend."""
+
+    _group_name = None
+    _group_desc = None
+
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_name(self):
+        if self._group_name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    @property
+    def group_desc(self):
+        return self._group_desc or "undefined"
+
+    _devices = None  # device type -> torch's backend for that device's tensors (on first use)
+    _config = None  # "cpu:oxccl,cuda:nccl", as _create found it
+
+    def _get_backend(self, device):
+        kind = _kind(device)
+        if kind == "cpu":
+            return self
+        try:
+            return self._device_backend(kind, "_get_backend")
+        except ValueError as e:
+            # What torch's own groups raise (and torch catches, as in new_group's search for a
+            # backend to split from).
+            raise RuntimeError(f"No backend type associated with device type {kind}: {e}") from None
+
+    def _device_backend(self, kind, what):
+        """torch's backend for tensors on device type ``kind``, as the group's configuration
+        names it (``"cpu:oxccl,cuda:nccl"``): made on the group's first call with such a
+        tensor, which every rank makes at the same point of its sequence of calls. Only NCCL
+        is made this way (what ``cuda:`` would name); anything else raises ValueError."""
+        if self._devices is None:
+            self._devices = {}
+        made = self._devices.get(kind)
+        if made is not None:
+            return made
+        config = self._config or dist.distributed_c10d._world.pg_backend_config.get(self, "")
+        names = dict(p.split(":", 1) for p in config.split(",") if ":" in p)
+        name = names.get(kind)
+        if name is None or name == NAME:
+            raise ValueError(
+                f"oxccl {what} on {self._where}: a tensor on {kind}; oxccl takes CPU tensors and "
+                f'this group ("{config or NAME}") names no backend for {kind} (use '
+                f'"cpu:oxccl,{kind}:nccl")'
+            )
+        if name != "nccl" or not hasattr(dist, "ProcessGroupNCCL"):
+            raise ValueError(
+                f"oxccl {what} on {self._where}: a tensor on {kind} for {name}; under torch "
+                f"{torch.__version__} oxccl's group hands other devices' tensors to nccl only"
+            )
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = self._options._timeout
+        store = dist.PrefixStore(f"oxccl-{kind}/", self._store)
+        made = dist.ProcessGroupNCCL(store, self.rank(), self.size(), opts)
+        made._set_sequence_number_for_group()  # as torch does for the NCCL backends it makes
+        self._devices[kind] = made
+        return made
+
+    def _shut_devices(self, how):
+        for made in (self._devices or {}).values():
+            getattr(made, how)()
+        self._devices = None
+
+    def eager_connect_single_device(self, device=None):
+        pass
+
+    def _allgather_base(self, output, input, opts=None):
+        return self.all_gather_single(output, input, opts or _c10d.AllgatherOptions())
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_single(output, input, opts or _c10d.ReduceScatterOptions())
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, opts or _c10d.AllToAllOptions()
+        )
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.all_gather_single_coalesced(outputs, inputs, opts or _c10d.AllgatherOptions())
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_single_coalesced(
+            outputs, inputs, opts or _c10d.ReduceScatterOptions()
+        )
+
+    def _start_coalescing(self, device=None):
+        if device is not None and _kind(device) != "cpu":
+            return self._device_backend(_kind(device), "coalescing")._start_coalescing(device)
+        self.start_coalescing()
+
+    def _end_coalescing(self, device=None):
+        if device is not None and _kind(device) != "cpu":
+            return self._device_backend(_kind(device), "coalescing")._end_coalescing(device)
+        return self.end_coalescing()
+
+
+def _kind(device):
+    return device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+
+
+def _tensor_kind(args):
+    """The device type of the first tensor in ``args`` (tensors, lists, lists of lists)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+        if isinstance(a, (list, tuple)):
+            kind = _tensor_kind(a)
+            if kind is not None:
+                return kind
+    return None
+
+
+# What torch 2.11 calls on a group with tensors: CPU tensors run here, other devices' go to
+# the backend the group's configuration names for them (``_device_backend``).
+_ROUTED = (
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "allgather_coalesced",
+    "_allgather_base",
+    "allgather_into_tensor_coalesced",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_tensor_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+)
+
+
+def _route_by_device(cls):
+    for name in _ROUTED:
+        here = getattr(cls, name)
+
+        def routed(self, *args, _here=here, _name=name, **kwargs):
+            kind = _tensor_kind(args)
+            if kind is None or kind == "cpu":
+                return _here(self, *args, **kwargs)
+            there = getattr(self._device_backend(kind, _name), _name, None)
+            if there is None:
+                raise ValueError(
+                    f"oxccl {_name} on {self._where}: torch {torch.__version__}'s {kind} "
+                    "backend has no such call"
+                )
+            return there(*args, **kwargs)
+
+        routed.__name__ = name
+        routed.__doc__ = here.__doc__
+        setattr(cls, name, routed)
+
+
+# Where Python cannot subclass the Backend, the group itself is ours: torch (2.11 at least)
+# takes a creator's ProcessGroup subclass as the whole group.
+_BASES = (_C10dBackend,) if _SUBCLASSABLE else (_GroupMethods, dist.ProcessGroup)
+
+
+class OxcclBackend(*_BASES):
     """A torch.distributed backend over one oxccl communicator."""
 
     def __init__(self, store, rank, size, timeout, *, comm=None, options=None, ranks=None):
@@ -895,6 +1080,8 @@ class OxcclBackend(_C10dBackend):
 
     def shutdown(self):
         """Finishes queued work and destroys the communicator."""
+        if not _SUBCLASSABLE:
+            self._shut_devices("shutdown")
         self._stop_worker(wait=True)
         comm, self._comm = self._comm, None
         if comm is not None:
@@ -902,6 +1089,8 @@ class OxcclBackend(_C10dBackend):
 
     def abort(self):
         """Aborts the communicator: operations in flight on it fail at once."""
+        if not _SUBCLASSABLE:
+            self._shut_devices("abort")
         comm, self._comm = self._comm, None
         if comm is not None:
             lib.oxcclCommAbort(comm)
@@ -966,14 +1155,14 @@ class OxcclBackend(_C10dBackend):
         return lambda: t.copy_(self._as(buf, t))
 
 
+
+if not _SUBCLASSABLE:
+    _route_by_device(OxcclBackend)
+
+
 def _create(opts, backend_options):
     """torch's creator (extended API): a split of the parent when torch offers one, else a new
     communicator through the group's store."""
-    if not _SUBCLASSABLE:
-        raise RuntimeError(
-            f"oxccl needs a torch whose c10d Backend Python can subclass (2.15 is tested); "
-            f"torch {torch.__version__}'s has no constructor for Python subclasses"
-        )
     if backend_options is None:
         backend_options = _C10dBackend.Options(NAME, timeout=opts.timeout)
     # torch 2.11 has no split_from (seen on a GPU machine, 2026-11-27): then every group is a
@@ -981,7 +1170,7 @@ def _create(opts, backend_options):
     parent = getattr(opts, "split_from", None)
     if parent is not None and isinstance(parent, OxcclBackend):
         return parent.split(opts.store, opts.global_ranks_in_group, backend_options)
-    return OxcclBackend(
+    made = OxcclBackend(
         opts.store,
         opts.group_rank,
         opts.group_size,
@@ -989,6 +1178,26 @@ def _create(opts, backend_options):
         options=backend_options,
         ranks=opts.global_ranks_in_group,
     )
+    if not _SUBCLASSABLE:
+        made._config = _callers_backend_config()
+    return made
+
+
+def _callers_backend_config():
+    """The device-to-backend configuration (``"cpu:oxccl,cuda:nccl"``) of the group torch 2.11
+    is making (a local of its ``_new_process_group_helper``, which calls ``_create``): torch
+    records it for the group only after it has asked the group for its ``device_id``'s
+    backend, which for a CUDA device_id is the NCCL backend this group makes. None if not
+    found (then ``_device_backend`` reads torch's record)."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        config = frame.f_locals.get("backend_config")
+        if isinstance(config, dist.distributed_c10d.BackendConfig):
+            return str(config)
+    return None
 
 
 def register():
@@ -1022,3 +1231,40 @@ def _patch_is_completed():
 
 
 _patch_is_completed()
+
+
+def _patch_batch_isend_irecv():
+    """torch 2.11's ``batch_isend_irecv`` batches only on a plain ProcessGroup and otherwise
+    posts the operations one by one, which oxccl (like NCCL) matches in posting order: two
+    ranks that both send first would not match. For an oxccl group (a ProcessGroup subclass
+    where Python cannot subclass the Backend) it runs them as one group instead."""
+    c10d = dist.distributed_c10d
+    original = c10d.batch_isend_irecv
+    if getattr(original, "_oxccl", False):
+        return
+
+    def batch_isend_irecv(p2p_op_list):
+        group = (p2p_op_list[0].group if p2p_op_list else None) or c10d._get_default_group()
+        if not isinstance(group, OxcclBackend):
+            return original(p2p_op_list)
+        check = getattr(c10d, "_check_p2p_op_list", None)
+        if check is not None:
+            check(p2p_op_list)
+        group.start_coalescing()
+        try:
+            for op in p2p_op_list:
+                peer = {"group_dst" if op.op is c10d.isend else "group_src": op.group_peer}
+                op.op(op.tensor, group=op.group, tag=op.tag, **peer)
+        except BaseException:
+            group._coalesced = None
+            raise
+        return [group.end_coalescing()]
+
+    batch_isend_irecv._oxccl = True
+    batch_isend_irecv.__doc__ = original.__doc__
+    c10d.batch_isend_irecv = batch_isend_irecv
+    dist.batch_isend_irecv = batch_isend_irecv
+
+
+if not _SUBCLASSABLE:
+    _patch_batch_isend_irecv()

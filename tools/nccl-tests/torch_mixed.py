@@ -15,7 +15,11 @@ the real library too.
 
 Not yet run to the end: on 2026-11-27 (torch 2.11 there) it stopped at `import torch` (libnccl
 lacked NCCL 2.28+ symbols, now exported as "not implemented") and, without the preload, at our
-backend's use of `split_from` (now optional).
+backend's use of `split_from` (now optional); on 2026-11-28 at `init_process_group`, since torch
+2.11 lets Python subclass no c10d Backend. Since 2026-11-29 oxccl's group there is a
+ProcessGroup subclass that makes torch's NCCL backend on its first CUDA call (python/oxccl/
+torch_backend.py, `_route_by_device`). `tools/gpu-check` runs this script (both ways) after its
+checks when python3 there imports torch.
 """
 import datetime
 import os

@@ -34,13 +34,22 @@ def _autoload():
     2.15 alike). torch 2.15 finds the distributed backend by its own entry point when a group
     asks for it, so this does nothing there; torch 2.11 has no such lookup, so this registers
     the backend. It never raises: an error here would fail ``import torch`` itself."""
+    import sys
+
+    if "oxccl.torch_backend" in sys.modules:
+        return  # being imported (it imported torch): it registers itself on torch 2.11
     try:
         import torch.distributed as dist
 
         if not dist.is_available() or hasattr(dist.Backend, "_ensure_backend_registered"):
             return
-        register()
+        from . import torch_backend  # noqa: F401 - registers the backend (torch 2.11)
     except Exception as e:  # noqa: BLE001 - see the docstring
-        import warnings
+        try:
+            import logging
 
-        warnings.warn(f"oxccl: not registered as a torch.distributed backend: {e}", stacklevel=1)
+            logging.getLogger("oxccl").warning(
+                "oxccl: not registered as a torch.distributed backend: %s", e
+            )
+        except Exception:  # noqa: BLE001, S110 - see the docstring
+            pass

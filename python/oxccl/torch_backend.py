@@ -221,7 +221,9 @@ class _GroupMethods:
     def group_desc(self):
         return self._group_desc or "undefined"
 
-    _devices = None  # device type -> torch's backend for that device's tensors (on first use)
+    _devices = None  # device type -> a ProcessGroup over torch's backend for it (first use)
+    _devices_closed = False
+    _devices_lock = threading.Lock()
     _config = None  # "cpu:oxccl,cuda:nccl", as _create found it
 
     def _get_backend(self, device):
@@ -229,48 +231,70 @@ class _GroupMethods:
         if kind == "cpu":
             return self
         try:
-            return self._device_backend(kind, "_get_backend")
+            return self._device_group(kind, "_get_backend")._get_backend(torch.device(kind))
         except ValueError as e:
             # What torch's own groups raise (and torch catches, as in new_group's search for a
             # backend to split from).
             raise RuntimeError(f"No backend type associated with device type {kind}: {e}") from None
 
-    def _device_backend(self, kind, what):
-        """torch's backend for tensors on device type ``kind``, as the group's configuration
-        names it (``"cpu:oxccl,cuda:nccl"``): made on the group's first call with such a
-        tensor, which every rank makes at the same point of its sequence of calls. Only NCCL
-        is made this way (what ``cuda:`` would name); anything else raises ValueError."""
-        if self._devices is None:
-            self._devices = {}
-        made = self._devices.get(kind)
-        if made is not None:
+    def _device_group(self, kind, what):
+        """A plain torch ProcessGroup whose backend for device type ``kind`` is the one the
+        group's configuration names (``"cpu:oxccl,cuda:nccl"``): torch's own dispatch then
+        serves every call (coalescing included) as in a group torch made. Made on the group's
+        first call with such a tensor, which every rank makes at the same point of its
+        sequence of calls. Only NCCL is made this way (what ``cuda:`` would name); anything
+        else raises ValueError."""
+        with _GroupMethods._devices_lock:
+            made = (self._devices or {}).get(kind)
+            if made is not None:
+                return made
+            if self._devices_closed:
+                raise ValueError(f"oxccl {what} on {self._where}: the group was shut down")
+            config = self._config or dist.distributed_c10d._world.pg_backend_config.get(self, "")
+            names = dict(p.split(":", 1) for p in config.split(",") if ":" in p)
+            name = names.get(kind)
+            if name is None or name == NAME:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: a tensor on {kind}; oxccl takes CPU tensors "
+                    f'and this group ("{config or NAME}") names no backend for {kind} (use '
+                    f'"cpu:oxccl,{kind}:nccl")'
+                )
+            if name != "nccl" or not hasattr(dist, "ProcessGroupNCCL"):
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: a tensor on {kind} for {name}; under torch "
+                    f"{torch.__version__} oxccl's group hands other devices' tensors to nccl only"
+                )
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self._options._timeout
+            if self._group_name is not None:
+                opts.group_name = self._group_name
+            opts.global_ranks_in_group = self._global_ranks
+            store = dist.PrefixStore(f"oxccl-{kind}/", self._store)
+            nccl = dist.ProcessGroupNCCL(store, self.rank(), self.size(), opts)
+            nccl._set_sequence_number_for_group()  # as torch does for the NCCL backends it makes
+            nccl_type = dist.ProcessGroup.BackendType.NCCL
+            made = dist.ProcessGroup(store, self.rank(), self.size())
+            made._set_default_backend(nccl_type)
+            made._register_backend(torch.device(kind), nccl_type, nccl)
+            if self._group_name is not None:
+                made._set_group_name(self._group_name)
+            if self._devices is None:
+                self._devices = {}
+            self._devices[kind] = made
             return made
-        config = self._config or dist.distributed_c10d._world.pg_backend_config.get(self, "")
-        names = dict(p.split(":", 1) for p in config.split(",") if ":" in p)
-        name = names.get(kind)
-        if name is None or name == NAME:
-            raise ValueError(
-                f"oxccl {what} on {self._where}: a tensor on {kind}; oxccl takes CPU tensors and "
-                f'this group ("{config or NAME}") names no backend for {kind} (use '
-                f'"cpu:oxccl,{kind}:nccl")'
-            )
-        if name != "nccl" or not hasattr(dist, "ProcessGroupNCCL"):
-            raise ValueError(
-                f"oxccl {what} on {self._where}: a tensor on {kind} for {name}; under torch "
-                f"{torch.__version__} oxccl's group hands other devices' tensors to nccl only"
-            )
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = self._options._timeout
-        store = dist.PrefixStore(f"oxccl-{kind}/", self._store)
-        made = dist.ProcessGroupNCCL(store, self.rank(), self.size(), opts)
-        made._set_sequence_number_for_group()  # as torch does for the NCCL backends it makes
-        self._devices[kind] = made
-        return made
 
     def _shut_devices(self, how):
-        for made in (self._devices or {}).values():
-            getattr(made, how)()
-        self._devices = None
+        """Shuts down (or aborts) the groups of other devices' backends; no more are made."""
+        with _GroupMethods._devices_lock:
+            made, self._devices, self._devices_closed = self._devices or {}, None, True
+        failure = None
+        for group in made.values():
+            try:
+                getattr(group, how)()
+            except Exception as e:  # noqa: BLE001 - every one is shut down; the first is raised
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
     def eager_connect_single_device(self, device=None):
         pass
@@ -296,12 +320,12 @@ class _GroupMethods:
 
     def _start_coalescing(self, device=None):
         if device is not None and _kind(device) != "cpu":
-            return self._device_backend(_kind(device), "coalescing")._start_coalescing(device)
+            return self._device_group(_kind(device), "coalescing")._start_coalescing(device)
         self.start_coalescing()
 
     def _end_coalescing(self, device=None):
         if device is not None and _kind(device) != "cpu":
-            return self._device_backend(_kind(device), "coalescing")._end_coalescing(device)
+            return self._device_group(_kind(device), "coalescing")._end_coalescing(device)
         return self.end_coalescing()
 
 
@@ -322,7 +346,7 @@ def _tensor_kind(args):
 
 
 # What torch 2.11 calls on a group with tensors: CPU tensors run here, other devices' go to
-# the backend the group's configuration names for them (``_device_backend``).
+# the backend the group's configuration names for them (``_device_group``).
 _ROUTED = (
     "allreduce",
     "allreduce_coalesced",
@@ -352,13 +376,7 @@ def _route_by_device(cls):
             kind = _tensor_kind(args)
             if kind is None or kind == "cpu":
                 return _here(self, *args, **kwargs)
-            there = getattr(self._device_backend(kind, _name), _name, None)
-            if there is None:
-                raise ValueError(
-                    f"oxccl {_name} on {self._where}: torch {torch.__version__}'s {kind} "
-                    "backend has no such call"
-                )
-            return there(*args, **kwargs)
+            return getattr(self._device_group(kind, _name), _name)(*args, **kwargs)
 
         routed.__name__ = name
         routed.__doc__ = here.__doc__
@@ -1080,21 +1098,25 @@ class OxcclBackend(*_BASES):
 
     def shutdown(self):
         """Finishes queued work and destroys the communicator."""
-        if not _SUBCLASSABLE:
-            self._shut_devices("shutdown")
-        self._stop_worker(wait=True)
-        comm, self._comm = self._comm, None
-        if comm is not None:
-            lib.oxcclCommDestroy(comm)
+        try:
+            if not _SUBCLASSABLE:
+                self._shut_devices("shutdown")
+        finally:
+            self._stop_worker(wait=True)
+            comm, self._comm = self._comm, None
+            if comm is not None:
+                lib.oxcclCommDestroy(comm)
 
     def abort(self):
         """Aborts the communicator: operations in flight on it fail at once."""
-        if not _SUBCLASSABLE:
-            self._shut_devices("abort")
-        comm, self._comm = self._comm, None
-        if comm is not None:
-            lib.oxcclCommAbort(comm)
-        self._stop_worker(wait=False)
+        try:
+            if not _SUBCLASSABLE:
+                self._shut_devices("abort")
+        finally:
+            comm, self._comm = self._comm, None
+            if comm is not None:
+                lib.oxcclCommAbort(comm)
+            self._stop_worker(wait=False)
 
     def _stop_worker(self, wait):
         w = self._worker
@@ -1179,25 +1201,34 @@ def _create(opts, backend_options):
         ranks=opts.global_ranks_in_group,
     )
     if not _SUBCLASSABLE:
-        made._config = _callers_backend_config()
+        config, group = _callers_group()
+        made._config = config
+        if group is not None:
+            # Backends torch made for devices named before "cpu" ("cuda:nccl,cpu:oxccl"),
+            # registered on the group it is about to replace with this one: keep using them.
+            for device in group._device_types:
+                if device.type != "cpu":
+                    made._devices = {**(made._devices or {}), device.type: group}
     return made
 
 
-def _callers_backend_config():
-    """The device-to-backend configuration (``"cpu:oxccl,cuda:nccl"``) of the group torch 2.11
-    is making (a local of its ``_new_process_group_helper``, which calls ``_create``): torch
-    records it for the group only after it has asked the group for its ``device_id``'s
-    backend, which for a CUDA device_id is the NCCL backend this group makes. None if not
-    found (then ``_device_backend`` reads torch's record)."""
+def _callers_group():
+    """What torch 2.11's ``_new_process_group_helper`` (which calls ``_create``) holds for the
+    group it is making: its device-to-backend configuration (``"cpu:oxccl,cuda:nccl"``),
+    which torch records for the group only after it has asked the group for its
+    ``device_id``'s backend (for a CUDA device_id, the NCCL backend the group makes), and the
+    plain ProcessGroup it made first, on which it registered the backends of the devices
+    before ours. (None, None) if not found (then ``_device_group`` reads torch's record)."""
     frame = sys._getframe(1)
     for _ in range(4):
         frame = frame.f_back
         if frame is None:
-            return None
+            break
         config = frame.f_locals.get("backend_config")
         if isinstance(config, dist.distributed_c10d.BackendConfig):
-            return str(config)
-    return None
+            group = frame.f_locals.get("pg")
+            return str(config), (group if type(group) is dist.ProcessGroup else None)
+    return None, None
 
 
 def register():
@@ -1230,7 +1261,8 @@ def _patch_is_completed():
     work_cls.is_completed = is_completed
 
 
-_patch_is_completed()
+if _SUBCLASSABLE:  # torch 2.11 hands Python the group's own _Work
+    _patch_is_completed()
 
 
 def _patch_batch_isend_irecv():
@@ -1250,15 +1282,13 @@ def _patch_batch_isend_irecv():
         check = getattr(c10d, "_check_p2p_op_list", None)
         if check is not None:
             check(p2p_op_list)
-        group.start_coalescing()
-        try:
+        # torch's own way for a group that coalesces: CPU tensors make one oxccl group, other
+        # devices' one group of their backend (_start_coalescing / _end_coalescing).
+        with c10d._coalescing_manager(group, p2p_op_list[0].tensor.device, async_ops=True) as cm:
             for op in p2p_op_list:
                 peer = {"group_dst" if op.op is c10d.isend else "group_src": op.group_peer}
                 op.op(op.tensor, group=op.group, tag=op.tag, **peer)
-        except BaseException:
-            group._coalesced = None
-            raise
-        return [group.end_coalescing()]
+        return cm.works
 
     batch_isend_irecv._oxccl = True
     batch_isend_irecv.__doc__ = original.__doc__
@@ -1268,3 +1298,6 @@ def _patch_batch_isend_irecv():
 
 if not _SUBCLASSABLE:
     _patch_batch_isend_irecv()
+    # torch 2.11 looks for no entry point: importing this module registers the backend (the
+    # package's torch.backends hook imports it on `import torch`; see oxccl._autoload).
+    register()

@@ -9,7 +9,8 @@ a test of its own, named after the setup, the world size and the case:
   ``new_group(backend="oxccl")``, at 1, 2, 3 and 4 ranks;
 - ``oxccl-default``: ``init_process_group("cpu:oxccl", device_id=cpu:0)`` (so subgroups and
   a DeviceMesh's dimensions are split from it), Gloo through ``new_group(backend="gloo")``,
-  at 4 ranks.
+  at 4 ranks. Under torch 2.11, which takes only an accelerator as device_id, without it
+  (and without the cases of splits and meshes; see collectives_worker.LEGACY).
 
 The ranks import oxccl from this checkout (python/, with OXCCL_LIBRARY or
 target/release/liboxccl.so; see conftest.py) and register the backend themselves. With more

@@ -457,9 +457,18 @@ impl Communicator {
                 .inner
                 .trace
                 .collective(seq, &plan, decision.route, true);
-            let r = st.engine.run_area_now((plan, way, seq), input, output);
-            self.inner.trace.end(mark, &r);
-            return r;
+            // A call of the one-turn lane that succeeds is recorded without its end time.
+            return match st.engine.run_area_now((plan, way, seq), input, output) {
+                Ok(true) => {
+                    self.inner.trace.done_untimed(mark);
+                    Ok(())
+                }
+                r => {
+                    let r = r.map(drop);
+                    self.inner.trace.end(mark, &r);
+                    r
+                }
+            };
         }
         let result = Arc::new(OpResult::default());
         self.inner

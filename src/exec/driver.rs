@@ -570,16 +570,17 @@ impl Engine {
     }
 
     /// Runs area all-reduce `seq` now, on the calling thread, when nothing is queued or
-    /// running (the blocking form's path: no queue, no result slot).
+    /// running (the blocking form's path: no queue, no result slot). `Ok(true)`: it ran in
+    /// the one-turn lane ([`AreaPath::small`]).
     #[inline]
     pub fn run_area_now(
         &mut self,
         (plan, way, seq): (Plan, Way, u64),
         input: (*const u8, usize),
         output: (*mut u8, usize),
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if let Some(r) = self.run_area_small((plan, way, seq), input, output) {
-            return r;
+            return r.map(|()| true);
         }
         let name = OpName::Collective(plan.collective, seq);
         if self.busy() {
@@ -599,6 +600,7 @@ impl Engine {
             });
         }
         self.area_op(&name, (plan, way, seq), input, output)
+            .map(|()| false)
     }
 
     /// A small call of the area's one-turn lane ([`AreaPath::small`]), run without the

@@ -12,7 +12,8 @@
 //! version odd, writes, makes it even; a reader copies and retries if the version moved). Only
 //! the thread holding the communicator's state lock writes, so writers never race one another;
 //! a reader (a dump from the signal thread) never blocks them. A call costs two clock reads and
-//! a dozen relaxed stores (`benches/trace.rs`).
+//! a dozen relaxed stores (`benches/trace.rs`); a call of the area's one-turn lane that
+//! succeeds, one clock read (its end is recorded untimed).
 //!
 //! # Where dumps go
 //!
@@ -113,7 +114,8 @@ pub struct TraceEntry {
     pub step: Option<u64>,
     /// When it was called, in nanoseconds since the recorder started.
     pub begin_ns: u64,
-    /// When it ended, in nanoseconds since the recorder started.
+    /// When it ended, in nanoseconds since the recorder started; `None` while it runs, and
+    /// for a call of the area's one-turn lane that succeeded (its end is not timed).
     pub end_ns: Option<u64>,
 }
 
@@ -255,6 +257,8 @@ const S_QUEUED: u64 = 1;
 const S_RUNNING: u64 = 2;
 const S_WAITING: u64 = 3;
 const S_DONE: u64 = 4;
+/// The end time of a call recorded by [`Recorder::done_untimed`].
+const UNTIMED: u64 = u64::MAX;
 const S_FAILED: u64 = 5;
 const PEER_BITS: u32 = 28;
 const STEP_MAX: u64 = (1 << 28) - 1;
@@ -474,6 +478,23 @@ impl Recorder {
         match result {
             Ok(()) => self.finish(m, S_DONE),
             Err(e) => self.finish(m, pack_state(S_FAILED, culprit(e), None)),
+        }
+    }
+
+    /// Call `m` succeeded; its end time is not read (a clock read is a noticeable part of a
+    /// small call). For the calls of the area's one-turn lane, which end within a turn of
+    /// their begin unless a peer is late; their entries show no `end_ns`.
+    #[inline]
+    pub(crate) fn done_untimed(&self, m: Mark) {
+        let Some(s) = self.slot(m) else { return };
+        if !matches!(s.state.load(Ordering::Relaxed) & 0xFF, S_DONE | S_FAILED) {
+            self.write(m.0, |s| {
+                s.state.store(S_DONE, Ordering::Relaxed);
+                s.end.store(UNTIMED, Ordering::Relaxed);
+            });
+        }
+        if self.current.load(Ordering::Relaxed) == m.0 {
+            self.current.store(NO_ID, Ordering::Relaxed);
         }
     }
 
@@ -799,7 +820,9 @@ fn decode([id, seq, what, count, who, state, begin, end]: [u64; 8]) -> TraceEntr
         peer,
         step,
         begin_ns: begin,
-        end_ns: (code == S_DONE || code == S_FAILED).then_some(end),
+        end_ns: (code == S_DONE || code == S_FAILED)
+            .then_some(end)
+            .filter(|&e| e != UNTIMED),
     }
 }
 
@@ -918,6 +941,47 @@ mod tests {
     fn recorder(n: usize) -> Arc<Recorder> {
         let c = Config::default().trace_entries(n).trace_signal(false);
         Recorder::new(&c, 1, 4, "t".into())
+    }
+
+    #[test]
+    fn a_call_done_untimed_has_no_end_and_keeps_a_failure() {
+        let r = recorder(8);
+        let plan = Plan::new(Collective::Broadcast, 2, DataType::F32);
+        let m = r.collective(0, &plan, Route::Area(Way::Staged), true);
+        r.done_untimed(m);
+        let m1 = r.collective(1, &plan, Route::Area(Way::Staged), true);
+        r.end(m1, &Ok(()));
+        let m2 = r.collective(2, &plan, Route::Area(Way::Staged), true);
+        r.end(m2, &Err(Error::InvalidArgument("x".into())));
+        r.done_untimed(m2); // does not undo the failure
+        r.done_untimed(Mark::NONE);
+        let t = r.snapshot("requested");
+        let got: Vec<_> = t
+            .entries
+            .iter()
+            .map(|e| (e.state, e.end_ns.is_some()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (CallState::Done, false),
+                (CallState::Done, true),
+                (CallState::Failed, true)
+            ]
+        );
+        // No call is running any more.
+        r.waiting(Some(1), None);
+        let again = r.snapshot("requested");
+        let states: Vec<_> = again.entries.iter().map(|e| (e.state, e.peer)).collect();
+        assert_eq!(
+            states,
+            [
+                (CallState::Done, None),
+                (CallState::Done, None),
+                (CallState::Failed, None)
+            ]
+        );
+        assert_eq!(Trace::from_json(&t.to_json()).unwrap(), t);
     }
 
     #[test]

@@ -257,9 +257,9 @@ const S_QUEUED: u64 = 1;
 const S_RUNNING: u64 = 2;
 const S_WAITING: u64 = 3;
 const S_DONE: u64 = 4;
+const S_FAILED: u64 = 5;
 /// The end time of a call recorded by [`Recorder::done_untimed`].
 const UNTIMED: u64 = u64::MAX;
-const S_FAILED: u64 = 5;
 const PEER_BITS: u32 = 28;
 const STEP_MAX: u64 = (1 << 28) - 1;
 

@@ -13,11 +13,17 @@
 #         tools/perf/ab.sh /tmp/arp-old target/release/allreduce-perf -- \
 #             --ranks 2 -o broadcast -b 8 -e 8 -n 10000 -w 1000 -R 1 --min-time 0.05 -c 0
 # Ratios below 1 mean B is faster. Keep runs short (-R 1, --min-time 0.05) and pairs many.
+# -g: only near phases of the machine (tools/perf/c2c_latency.c: a cache line's round trip
+#     between CPUs 0 and 1 under 200 ns): each run waits up to 20 s for one, and a pair where
+#     either run ended in a far phase is left out (the VM of 2026-11-29 spent about half its
+#     time in far phases, where small collectives take 2-3x as long).
 set -euo pipefail
 pairs=30
-while getopts "n:" o; do
+gate=0
+while getopts "n:g" o; do
   case $o in
     n) pairs=$OPTARG ;;
+    g) gate=1 ;;
     *) sed -n '2,16p' "$0"; exit 2 ;;
   esac
 done
@@ -27,11 +33,21 @@ a=$1 b=$2
 shift 3
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+if ((gate)); then
+  c2c=$(mktemp)
+  trap 'rm -f "$out" "$c2c"' EXIT
+  cc -O2 -pthread -o "$c2c" "$(dirname "$0")/c2c_latency.c"
+fi
 run() { # label command...
   local label=$1
   shift
+  if ((gate)); then
+    local end=$((SECONDS + 20))
+    while [ "$("$c2c")" -ge 200 ] && [ $SECONDS -lt $end ]; do sleep 0.2; done
+  fi
   # nccl-tests' table: size count type redop root time algbw busbw #wrong time algbw busbw #wrong
   "$@" 2>&1 | awk -v l="$label" -v p="$pair" '/^ +[0-9]+ +[0-9]+ /{print p, l, $1, $6, $10}' >>"$out"
+  if ((gate)) && [ "$("$c2c")" -ge 200 ]; then echo "$pair far" >>"$out"; fi
 }
 for pair in $(seq "$pairs"); do
   if ((pair % 2)); then
@@ -45,7 +61,10 @@ done
 python3 - "$out" <<'EOF'
 import collections, statistics, sys
 runs = collections.defaultdict(dict)  # (size, pair) -> label -> (out of place, in place)
+far = {line.split()[0] for line in open(sys.argv[1]) if line.split()[1:] == ["far"]}
 for line in open(sys.argv[1]):
+    if line.split()[1:] == ["far"] or line.split()[0] in far:
+        continue
     pair, label, size, oop, inp = line.split()
     try:
         runs[(int(size), int(pair))][label] = (float(oop), float(inp))

@@ -14,6 +14,7 @@
 # the routing decision, the flight recorder, the area's protocol) and inside the library's
 # run_decided (the same without the benchmark's own dispatch and argument checks).
 # Needs valgrind (apt-get install valgrind) and a release build of oxrun.
+# CALL_IR_KEEP=DIR keeps callgrind's output there (callgrind_annotate DIR/out.* for the split).
 set -euo pipefail
 rank=0 calls=20000
 while getopts "r:n:" o; do
@@ -31,7 +32,7 @@ command -v valgrind >/dev/null || { echo "valgrind not found" >&2; exit 2; }
 oxrun=target/release/oxrun
 [ -x "$oxrun" ] || cargo build --release -q -p oxrun
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+trap '[ -n "${CALL_IR_KEEP:-}" ] && cp "$dir"/out.* "$CALL_IR_KEEP"/ ; rm -rf "$dir"' EXIT
 warm=100
 args="-o $op -b $bytes -e $bytes -n $calls -w $warm -R 1 -c 0"
 cat >"$dir/rank.sh" <<EOF

@@ -54,6 +54,17 @@ def main(out, sizes):
             ratio = f"{best / c:.2f}×" if c and best else "—"
             print(f"| {s} | " + " | ".join(cells) + f" | {human(o) if o else '—'} | "
                   f"{human(statistics.median(ip)) if ip else '—'} | {route} | {ratio} |")
+        # The phase each run began in (coll-vs-peers.sh's phase.csv): near and far phases of
+        # the machine differ by 4x in a cache line's round trip.
+        phases = os.path.join(out, "phase.csv")
+        if os.path.exists(phases):
+            seen = {}
+            for r, c, who, size, before, after in csv.reader(open(phases)):
+                if c == coll:
+                    at = "" if who == "peers" else " " + size
+                    seen.setdefault(who, []).append(f"r{r}{at}: {before}/{after}")
+            print("\ncross-core round trip before/after each run, ns: " + "; ".join(
+                f"{who} {', '.join(v)}" for who, v in sorted(seen.items())))
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])

@@ -468,6 +468,24 @@ impl AreaPath {
         data: Data,
         len: usize,
         reads: impl Fn(Rank) -> bool,
+        each: impl FnMut(Rank, *const u8) -> Result<()>,
+    ) -> Result<()> {
+        self.exchange_then(w, turn, data, len, reads, || {}, each)
+    }
+
+    /// [`AreaPath::exchange`], running `meanwhile` once this rank's publication is out and
+    /// before it reads or waits for anybody's: work on this rank's own bytes (a copy from its
+    /// input to its output) goes there, so that peers can start on what it published instead
+    /// of waiting for that work (`allreduce-perf -o alltoall`, 2 ranks, 64 KiB, out of place).
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_then(
+        &self,
+        w: &mut Waiter<'_>,
+        turn: u64,
+        data: Data,
+        len: usize,
+        reads: impl Fn(Rank) -> bool,
+        meanwhile: impl FnOnce(),
         mut each: impl FnMut(Rank, *const u8) -> Result<()>,
     ) -> Result<()> {
         w.turn = turn;
@@ -484,6 +502,7 @@ impl AreaPath {
             Data::Claimed(bytes) => bytes,
         };
         self.area.publish(turn, &desc, tag, len, bytes);
+        meanwhile();
         for r in 0..self.area.len() {
             let p = if r == self.rank {
                 Published {

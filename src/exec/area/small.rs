@@ -112,17 +112,18 @@ impl AreaPath {
         };
         let bytes = if publishes { len } else { 0 };
         let mine = self.claim(&mut w, turn, bytes)?;
-        if plan.collective == Collective::Broadcast && publishes && !b.in_place {
-            // SAFETY: the root's input and output hold `len` bytes and do not overlap out of
-            // place (the raw API's contract).
-            unsafe { std::ptr::copy_nonoverlapping(b.src, b.dst, len) };
-        }
         if publishes {
             // SAFETY: the input holds `len` readable bytes, which fit a slot (`small`), and this
             // rank may write its place (`claim`).
             unsafe { std::ptr::copy_nonoverlapping(b.src, mine, len) };
         }
         self.area.publish(turn, &desc, tag, len, bytes);
+        // The root's own copy once the others can read.
+        if plan.collective == Collective::Broadcast && publishes && !b.in_place {
+            // SAFETY: the root's input and output hold `len` bytes and do not overlap out of
+            // place (the raw API's contract).
+            unsafe { std::ptr::copy_nonoverlapping(b.src, b.dst, len) };
+        }
         match plan.collective {
             Collective::Broadcast if me != plan.root => {
                 let p = self.published_by(&mut w, plan.root, turn)?;

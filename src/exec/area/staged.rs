@@ -71,20 +71,29 @@ impl AreaPath {
         };
         // Ranks with an output read everybody's (a gather's others read nobody's).
         let reads = |_| !b.dst.is_null();
-        self.exchange(w, turn, ours, len, reads, |r, data| {
-            if len == 0 || b.dst.is_null() || (r == self.rank && b.in_place) {
+        let total = b.block * self.area.len();
+        // Out of place our own block goes from our input once it is published.
+        let own = || {
+            if len > 0 && !b.dst.is_null() && !b.in_place {
+                // SAFETY: our input holds `at + len` bytes, our output every block, and they
+                // do not overlap out of place.
+                unsafe {
+                    copy_out(
+                        b.src.add(at),
+                        b.dst.add(self.rank * b.block + at),
+                        len,
+                        total,
+                    )
+                };
+            }
+        };
+        self.exchange_then(w, turn, ours, len, reads, own, |r, data| {
+            if len == 0 || b.dst.is_null() || r == self.rank {
                 return Ok(());
             }
             // SAFETY: our output holds every block; `data` is area memory holding `len`
             // bytes, unchanged until this rank publishes `turn + 1`.
-            unsafe {
-                copy_out(
-                    data,
-                    b.dst.add(r * b.block + at),
-                    len,
-                    b.block * self.area.len(),
-                )
-            };
+            unsafe { copy_out(data, b.dst.add(r * b.block + at), len, total) };
             Ok(())
         })
     }
@@ -104,20 +113,24 @@ impl AreaPath {
         let mut ours = Data::Copy([].as_ptr(), 0);
         if me == root && len > 0 {
             ours = self.stage_blocks(w, turn, b, at, len)?;
-            if !b.in_place {
+        }
+        // Out of place the root copies its own block once the others' are published.
+        let own = || {
+            if me == root && len > 0 && !b.in_place {
                 // SAFETY: our input's block and our output hold `at + len` bytes and do not
                 // overlap out of place.
                 unsafe { copy_out(b.src.add(me * b.block + at), b.dst.add(at), len, b.block) };
             }
-        }
+        };
         // The root's publication says its copies are there; the others read only the root's.
         let mut theirs = std::ptr::null();
-        self.exchange(
+        self.exchange_then(
             w,
             turn,
             ours,
             len,
             |r| r == root,
+            own,
             |r, data| {
                 if r == root {
                     theirs = data;
@@ -149,7 +162,10 @@ impl AreaPath {
         let mut ours = Data::Copy([].as_ptr(), 0);
         if len > 0 {
             ours = self.stage_blocks(w, turn, b, at, len)?;
-            if !b.in_place {
+        }
+        // Our own block goes straight from input to output once the others' are published.
+        let own = || {
+            if len > 0 && !b.in_place {
                 // SAFETY: our input's and output's block `me` hold `at + len` bytes and do
                 // not overlap out of place.
                 unsafe {
@@ -161,18 +177,26 @@ impl AreaPath {
                     )
                 };
             }
-        }
-        let all = self.exchange_all(w, turn, ours, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        for (r, data) in all.into_iter().enumerate().filter(|&(r, _)| r != me) {
-            // SAFETY: our output holds every block; in place this piece of block `r` was
-            // published above and nothing reads it any more. `data` is `r`'s area buffer,
-            // holding our block's piece until this rank publishes `turn + 1`.
-            unsafe { copy_out(data.add(me * len), b.dst.add(r * b.block + at), len, total) };
-        }
-        Ok(())
+        };
+        self.exchange_then(
+            w,
+            turn,
+            ours,
+            len,
+            |_| true,
+            own,
+            |r, data| {
+                if len > 0 && r != me {
+                    // SAFETY: our output holds every block; in place this piece of block `r` was
+                    // published above and nothing reads it any more. `data` is `r`'s area
+                    // buffer, holding our block's piece until this rank publishes `turn + 1`.
+                    unsafe {
+                        copy_out(data.add(me * len), b.dst.add(r * b.block + at), len, total)
+                    };
+                }
+                Ok(())
+            },
+        )
     }
 
     /// One piece of a broadcast: `len` bytes at `at`.
@@ -187,23 +211,27 @@ impl AreaPath {
     ) -> Result<()> {
         let root = self.rank == plan.root;
         let ours = if root && len > 0 {
-            if !b.in_place {
-                // SAFETY: the root's input and output hold `at + len` bytes and do not
-                // overlap out of place.
-                unsafe { copy_out(b.src.add(at), b.dst.add(at), len, b.block) };
-            }
-            // SAFETY: as above.
+            // SAFETY: the root's input holds `at + len` bytes.
             Data::Copy(unsafe { b.src.add(at) }, len)
         } else {
             Data::Copy([].as_ptr(), 0)
         };
+        // Out of place the root copies to its own output once its piece is published.
+        let own = || {
+            if root && len > 0 && !b.in_place {
+                // SAFETY: the root's input and output hold `at + len` bytes and do not
+                // overlap out of place.
+                unsafe { copy_out(b.src.add(at), b.dst.add(at), len, b.block) };
+            }
+        };
         // The others read the root's; the root reads nobody's (and may run ahead).
-        self.exchange(
+        self.exchange_then(
             w,
             turn,
             ours,
             len,
             |r| r == plan.root,
+            own,
             |r, data| {
                 if r == plan.root && !root && len > 0 {
                     // SAFETY: our output holds `at + len` bytes; `data` is the root's area

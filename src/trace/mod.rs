@@ -260,6 +260,17 @@ const S_DONE: u64 = 4;
 const S_FAILED: u64 = 5;
 /// The end time of a call recorded by [`Recorder::done_untimed`].
 const UNTIMED: u64 = u64::MAX;
+
+/// What a change of a call's state does to its end time.
+#[derive(Clone, Copy)]
+enum End {
+    /// Still running: none.
+    Open,
+    /// Ended now: the clock.
+    Now,
+    /// Ended, not timed ([`UNTIMED`]).
+    Untimed,
+}
 const PEER_BITS: u32 = 28;
 const STEP_MAX: u64 = (1 << 28) - 1;
 
@@ -442,16 +453,20 @@ impl Recorder {
         )
     }
 
-    fn set_state(&self, m: Mark, state: u64, end: bool) {
+    fn set_state(&self, m: Mark, state: u64, end: End) {
         let Some(s) = self.slot(m) else { return };
         let old = s.state.load(Ordering::Relaxed) & 0xFF;
         if old == S_DONE || old == S_FAILED {
             return;
         }
-        let t = if end { self.now() } else { 0 };
+        let t = match end {
+            End::Open => None,
+            End::Now => Some(self.now()),
+            End::Untimed => Some(UNTIMED),
+        };
         self.write(m.0, |s| {
             s.state.store(state, Ordering::Relaxed);
-            if end {
+            if let Some(t) = t {
                 s.end.store(t, Ordering::Relaxed);
             }
         });
@@ -463,21 +478,21 @@ impl Recorder {
             return;
         }
         self.current.store(m.0, Ordering::Relaxed);
-        self.set_state(m, S_RUNNING, false);
+        self.set_state(m, S_RUNNING, End::Open);
     }
 
     /// The running call is idle, waiting for `peer` after `step` steps.
     pub(crate) fn waiting(&self, peer: Option<Rank>, step: Option<u64>) {
         let m = Mark(self.current.load(Ordering::Relaxed));
-        self.set_state(m, pack_state(S_WAITING, peer, step), false);
+        self.set_state(m, pack_state(S_WAITING, peer, step), End::Open);
     }
 
     /// Call `m` ended with `result`.
     #[inline]
     pub(crate) fn end(&self, m: Mark, result: &Result<()>) {
         match result {
-            Ok(()) => self.finish(m, S_DONE),
-            Err(e) => self.finish(m, pack_state(S_FAILED, culprit(e), None)),
+            Ok(()) => self.finish(m, S_DONE, End::Now),
+            Err(e) => self.finish(m, pack_state(S_FAILED, culprit(e), None), End::Now),
         }
     }
 
@@ -486,23 +501,14 @@ impl Recorder {
     /// their begin unless a peer is late; their entries show no `end_ns`.
     #[inline]
     pub(crate) fn done_untimed(&self, m: Mark) {
-        let Some(s) = self.slot(m) else { return };
-        if !matches!(s.state.load(Ordering::Relaxed) & 0xFF, S_DONE | S_FAILED) {
-            self.write(m.0, |s| {
-                s.state.store(S_DONE, Ordering::Relaxed);
-                s.end.store(UNTIMED, Ordering::Relaxed);
-            });
-        }
-        if self.current.load(Ordering::Relaxed) == m.0 {
-            self.current.store(NO_ID, Ordering::Relaxed);
-        }
+        self.finish(m, S_DONE, End::Untimed);
     }
 
-    fn finish(&self, m: Mark, state: u64) {
+    fn finish(&self, m: Mark, state: u64, end: End) {
         if m == Mark::NONE {
             return;
         }
-        self.set_state(m, state, true);
+        self.set_state(m, state, end);
         if self.current.load(Ordering::Relaxed) == m.0 {
             self.current.store(NO_ID, Ordering::Relaxed);
         }
@@ -515,7 +521,7 @@ impl Recorder {
             return;
         }
         let m = Mark(self.current.load(Ordering::Relaxed));
-        self.finish(m, pack_state(S_FAILED, culprit(e), None));
+        self.finish(m, pack_state(S_FAILED, culprit(e), None), End::Now);
         let reason = match e {
             Error::Timeout { .. } => "timeout",
             Error::PeerFailed { .. } => "peer failed",

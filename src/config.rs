@@ -20,12 +20,19 @@ use crate::tune::Way;
 pub enum Tune {
     /// The defaults measured on the reference machine (`defaults`).
     Defaults,
-    /// This host's cached calibration if there is one, else the defaults (`cache`).
+    /// This host's cached calibration if there is one; else its cached probe; else, where the
+    /// ranks share a group area, a probe at creation ([`crate::Calibration::probe`]: the
+    /// area's ways timed at a few sizes, the defaults scaled to them; a fraction of a second),
+    /// which rank 0 caches; else the defaults (`cache`). Where [`Config::tune_file`] names a
+    /// file, that file or the defaults.
     #[default]
     Cache,
-    /// As `cache`, but when nothing is cached the ranks calibrate at creation (about a second
+    /// As `cache`, but when no calibration is cached the ranks calibrate at creation (about 7 s
     /// on 2 ranks) and rank 0 caches the result (`calibrate`).
     Calibrate,
+    /// A probe at creation whatever is cached, cached by rank 0 unless [`Config::tune_file`]
+    /// names a file (`probe`).
+    Probe,
 }
 
 /// How a communicator behaves. Every field has a default; [`Config::from_env`] overrides them
@@ -271,7 +278,14 @@ impl Config {
                 "defaults" => Tune::Defaults,
                 "cache" => Tune::Cache,
                 "calibrate" => Tune::Calibrate,
-                _ => return Err(bad("OXCCL_TUNE", &v, "not defaults, cache or calibrate")),
+                "probe" => Tune::Probe,
+                _ => {
+                    return Err(bad(
+                        "OXCCL_TUNE",
+                        &v,
+                        "not defaults, cache, calibrate or probe",
+                    ));
+                }
             };
         }
         c.tune_file = get("OXCCL_TUNE_FILE")

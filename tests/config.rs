@@ -351,7 +351,8 @@ fn valid(var: &'static str) -> BoxedStrategy<String> {
         ]
         .boxed(),
         "OXCCL_AREA_WAY" => strings(&["one-shot", "TWO-SHOT", " direct ", "staged", ""]),
-        // `calibrate` is left to tests/tuner.rs: each case would calibrate for a second.
+        // `calibrate` and `probe` are left to tests/tuner.rs and allreduce-perf's tests/probe.rs:
+        // each case would measure for a second.
         "OXCCL_TUNE" => strings(&["defaults", "cache", " Cache ", ""]),
         "OXCCL_TRACE_ENTRIES" => prop_oneof![
             (0usize..=oxccl::trace::MAX_ENTRIES).prop_map(|n| n.to_string()),

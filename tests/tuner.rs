@@ -330,3 +330,41 @@ fn a_single_rank_calibrates() {
     comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
     assert_eq!(v, [1.5, -2.0, 3.25]);
 }
+
+#[test]
+fn tune_probe_probes_at_creation_and_every_rank_takes_rank_zeros_table() {
+    // A named file is the user's: the probe is made but not written there.
+    let dir = scratch("probe");
+    let file = dir.join("costs.txt");
+    let config = Config::default()
+        .tune_file(Some(file.clone()))
+        .tune(Tune::Probe);
+    let comms = Communicator::init_local(2, shm(config.clone())).unwrap();
+    let costs = comms[0].costs();
+    assert!(
+        costs.source().starts_with("probed on"),
+        "{}",
+        costs.source()
+    );
+    assert_eq!(comms[1].costs(), costs);
+    assert_ne!(&costs, Costs::defaults());
+    assert!(!file.exists());
+    // Every area way of the all-reduce is priced, from 8 bytes to beyond the probed sizes.
+    for way in [Way::OneShot, Way::TwoShot, Way::Direct] {
+        for in_place in [false, true] {
+            let key = Key {
+                collective: Collective::AllReduce,
+                way,
+                in_place,
+            };
+            for bytes in [8, 3000, 1 << 20, 64 << 20] {
+                let t = costs.estimate(key, bytes).expect("priced");
+                assert!(t.is_finite() && t > 0.0, "{key} {bytes}: {t}");
+            }
+        }
+    }
+    // Where the way is forced, the costs decide nothing: no probe.
+    let forced = Communicator::init_local(2, shm(config.area_way(Some(Way::TwoShot)))).unwrap();
+    assert_eq!(&forced[0].costs(), Costs::defaults());
+    let _ = std::fs::remove_dir_all(dir);
+}

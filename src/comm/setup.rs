@@ -190,13 +190,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         .and_then(|a| a.group(rank));
     let direct = group.as_ref().is_some_and(|a| a.direct());
     if rank == 0 {
-        tuning::hand_out(&store, &config, &infos[0].host, size)?;
+        tuning::hand_out(&store, &config, (&infos[0].host, size), group.is_some())?;
     }
     store.set(&format!("ready/{rank}"), if direct { b"d" } else { b"1" })?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     store.wait(&keys, deadline)?;
-    let (costs, calibrate) = tuning::take(&store, rank, deadline)?;
+    let (costs, then) = tuning::take(&store, rank, deadline)?;
     let mut everyone_direct = direct;
     if direct {
         for k in &keys {
@@ -312,7 +312,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             _liveness: liveness,
         }),
     };
-    tuning::finish(comm, calibrate)
+    tuning::finish(comm, then)
 }
 
 /// 16 random bytes drawn once per process: whether two ranks share an address space.

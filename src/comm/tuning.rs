@@ -1,6 +1,8 @@
 //! Where the tuner's costs come from: handed out by rank 0 at creation (its cached calibration,
-//! or the defaults), measured on demand by [`Communicator::calibrate`], and cached on disk per
-//! host, rank count and library version.
+//! its cached probe, or the defaults), measured on demand by [`Communicator::calibrate`] or
+//! probed at creation where nothing is cached ([`Calibration::probe`]: the defaults carried to
+//! this machine by a few measured sizes), and cached on disk per host, rank count and library
+//! version.
 //!
 //! Every rank must price calls alike or ranks would take different routes, so only rank 0
 //! reads or writes the cache and the others take its table: through the store at creation,
@@ -41,6 +43,11 @@ pub struct Calibration {
     /// Bytes each way moves per size, at most: the iteration count is this over the size,
     /// from 3 to 100.
     pub budget: usize,
+    /// Passes over the grid, each point keeping its fastest; `None`: [`PASSES`], and
+    /// [`LARGE_PASSES`] for the largest points (see [`pass_plan`]). Set for a probe
+    /// ([`Calibration::probe`]), which carries the defaults to this machine instead of replacing
+    /// them.
+    passes: Option<usize>,
 }
 
 /// The processor time per message the calibration prices with once, to learn how the
@@ -104,6 +111,9 @@ const PASSES: usize = 3;
 const LARGE_PASSES: usize = 5;
 const _: () = assert!(LARGE_PASSES > PASSES);
 
+/// Passes a probe makes over its grid ([`Calibration::probe`]).
+const PROBE_PASSES: usize = 2;
+
 /// How a point worth `calls` calls of the budget (at least 3, at most 100 in all) is timed:
 /// (passes, calls in each). A third of them in each of [`PASSES`] passes, at least 2; the
 /// largest points (fewer than 6 calls) one call in each of [`LARGE_PASSES`] passes, after the
@@ -142,6 +152,7 @@ impl Default for Calibration {
             sizes,
             max_buffer: 64 << 20,
             budget: 32 << 20,
+            passes: None,
         }
     }
 }
@@ -153,6 +164,46 @@ impl Calibration {
         c.sizes.retain(|&s| s <= max_buffer);
         c.max_buffer = max_buffer;
         c
+    }
+
+    /// The probe a communicator makes at creation where nothing is cached
+    /// ([`Tune::Cache`], [`Tune::Probe`]): every way at 8 B, from 4 KiB to 1 MiB by factors
+    /// of 2, and at 4 and 16 MiB, [`PROBE_PASSES`] passes, at most 32 MiB per buffer and 2 MiB
+    /// moved per way and size (the largest points one call a pass). The defaults' curves are
+    /// then carried to this machine by the ratio of what it measured to what they say
+    /// ([`Costs::rescaled`]); the links are timed at 8 B and 4 MiB as in a calibration, their
+    /// streaming rate the defaults' in the proportion of the 4 MiB rates (a 64 MiB transfer
+    /// would take longer than the rest of the probe). Without the links the measured ways
+    /// would be priced against the defaults' links, which a slower machine makes look cheap
+    /// (on a 2-core Xeon VM, 2026-12-02, such a probe sent the 8 MiB reduce over the ring,
+    /// 1.58 ms against 0.88 through the area).
+    pub fn probe() -> Calibration {
+        let mut sizes = vec![8];
+        sizes.extend((12..=20).map(|k| 1usize << k));
+        sizes.extend([4 << 20, 16 << 20]);
+        Calibration {
+            sizes,
+            max_buffer: 32 << 20,
+            budget: 2 << 20,
+            passes: Some(PROBE_PASSES),
+        }
+    }
+
+    /// Whether this is a probe ([`Calibration::probe`]).
+    pub fn is_probe(&self) -> bool {
+        self.passes.is_some()
+    }
+
+    /// (passes, calls in each) for a point worth `calls` calls of the budget.
+    fn plan(&self, calls: usize) -> (usize, usize) {
+        match self.passes {
+            None => pass_plan(calls),
+            Some(p) => {
+                let (p, calls) = (p.max(1), calls.clamp(3, 100));
+                // The largest points one call a pass, as in a calibration.
+                (p, if calls < 6 { 1 } else { calls.div_ceil(p) })
+            }
+        }
     }
 }
 
@@ -187,8 +238,14 @@ impl Communicator {
 
     /// [`Communicator::calibrate`] over the sizes of `calibration`.
     pub fn calibrate_with(&self, calibration: &Calibration) -> Result<Costs> {
+        let probe = calibration.is_probe();
         let mut measured = if self.inner.means.area {
-            self.measure(calibration)?
+            let measured = self.measure(calibration)?;
+            if probe {
+                Costs::defaults().rescaled(&measured)
+            } else {
+                measured
+            }
         } else {
             let kept = self.costs();
             let source = format!(
@@ -200,7 +257,15 @@ impl Communicator {
             );
             kept.with_source(&source).with_ranks(self.size())
         };
-        for (kind, cost) in self.measure_links()? {
+        for (kind, mut cost) in self.measure_links(!probe)? {
+            // A probe times no streaming transfer (64 MiB): the table's streaming rate, in
+            // the proportion this machine's cached rate bears to the table's.
+            if let (true, Some(d)) = (probe, measured.link(kind))
+                && let Some((bytes, beta)) = d.stream
+                && d.beta > 0.0
+            {
+                cost.stream = Some((bytes, beta * cost.beta / d.beta));
+            }
             measured = measured.with_link(kind, cost);
         }
         if self.rank() == 0 {
@@ -284,9 +349,13 @@ impl Communicator {
         let costs = std::str::from_utf8(&text)
             .map_err(|_| self.bad_table("a cost table that is not text"))
             .and_then(|t| Costs::parse(t).map_err(|e| self.bad_table(&e)))?;
+        let path = if probe {
+            probe_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
+        } else {
+            cache_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
+        };
         if self.rank() == 0
-            && let Some(path) =
-                cache_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
+            && let Some(path) = path
         {
             match save(&path, &text) {
                 Ok(()) => tracing::info!(rank = 0, "tuner costs cached in {}", path.display()),
@@ -309,9 +378,9 @@ impl Communicator {
     /// ping-pong between the first two ranks of the first host that has two (the links inside a
     /// host; these also time a 64 MiB transfer, which streams from memory as large calls do) and
     /// between rank 0 and the first rank of the next host (the links between hosts, whose
-    /// network is slower than memory). Rank 0's answer: each measured kind with its model (the
+    /// network is slower than memory); the 64 MiB transfer only with `stream`. Rank 0's answer: each measured kind with its model (the
     /// pairs' first ranks send theirs to rank 0); the other ranks' is empty.
-    fn measure_links(&self) -> Result<Vec<(LinkKind, LinkCost)>> {
+    fn measure_links(&self, stream: bool) -> Result<Vec<(LinkKind, LinkCost)>> {
         let hosts = &self.inner.hosts;
         let mut pairs = Vec::new();
         if let Some(h) = (0..hosts.count()).find(|&h| hosts.members(h).len() >= 2) {
@@ -329,7 +398,7 @@ impl Communicator {
                 let (small, near) = (8, LinkCost::NEAR_BYTES);
                 let (t0, t1) = (t(small, 200)?, t(near, 12)?);
                 let mut cost = LinkCost::fit((small, t0), (near, t1));
-                if inside {
+                if inside && stream {
                     cost = cost.with_stream(STREAM_BYTES, t(STREAM_BYTES, 3)?);
                 }
                 if me == a {
@@ -462,7 +531,8 @@ impl Communicator {
             let points = vec![Vec::new(); keys.len()];
             tables.push((collective, keys, points));
         }
-        for pass in 0..PASSES.max(LARGE_PASSES) {
+        let most = c.passes.map_or(PASSES.max(LARGE_PASSES), |p| p.max(1));
+        for pass in 0..most {
             for (collective, keys, points) in &mut tables {
                 let collective = *collective;
                 for &bytes in &sizes {
@@ -477,7 +547,7 @@ impl Communicator {
                     if whole > c.max_buffer || bytes % 4 != 0 {
                         continue;
                     }
-                    let (passes, iters) = pass_plan(c.budget / bytes.max(1));
+                    let (passes, iters) = c.plan(c.budget / bytes.max(1));
                     if pass >= passes {
                         continue;
                     }
@@ -497,11 +567,20 @@ impl Communicator {
             .into_iter()
             .flat_map(|(_, keys, points)| keys.into_iter().zip(points))
             .collect();
-        let source = format!(
-            "calibrated on {}, {n} ranks, oxccl {}",
-            self.inner.topo.hosts[0],
-            env!("CARGO_PKG_VERSION")
-        );
+        let source = if c.is_probe() {
+            format!(
+                "probed on {}, {n} ranks, oxccl {} (the defaults' area ways scaled to this \
+                 machine by each way's times at 8 B-16 MiB; links timed at 8 B and 4 MiB)",
+                self.inner.topo.hosts[0],
+                env!("CARGO_PKG_VERSION")
+            )
+        } else {
+            format!(
+                "calibrated on {}, {n} ranks, oxccl {}",
+                self.inner.topo.hosts[0],
+                env!("CARGO_PKG_VERSION")
+            )
+        };
         Ok(Costs::from_points(&source, n, curves))
     }
 
@@ -596,65 +675,107 @@ fn measure_gamma() -> f64 {
     times[times.len() / 2]
 }
 
-/// Rank 0's answer at creation, under [`KEY`]: `D` (the defaults), `C` (calibrate now) or `T`
-/// and a cost table.
+/// What a communicator does about its costs once it is made (rank 0's word at creation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Then {
+    /// Nothing: it starts from the table it was handed.
+    Keep,
+    /// A full calibration ([`Communicator::calibrate`]).
+    Calibrate,
+    /// A probe ([`Calibration::probe`]), where the ranks share a group area.
+    Probe,
+}
+
+/// Rank 0's answer at creation, under [`KEY`]: `D` (the defaults), `C` (calibrate now), `P`
+/// (probe now) or `T` and a cost table. `area`: whether rank 0 has the group area (a probe
+/// times its ways; without it there is nothing to probe).
 pub(super) fn hand_out(
     store: &PrefixStore,
     config: &Config,
-    host: &str,
-    size: usize,
+    (host, size): (&str, usize),
+    area: bool,
 ) -> Result<()> {
+    let table = |costs: Costs| [b"T".as_slice(), costs.to_text().as_bytes()].concat();
+    // Where a way or an algorithm is forced, the costs decide nothing a probe could improve.
+    let area = area && config.area_way.is_none() && config.algorithm.is_none();
+    // Where no file is named and nothing is cached: the probe's table if an earlier
+    // communicator of this host and rank count cached one, else a probe now.
+    let probed = || match probe_path(config, host, size).map(|p| load(&p, size)) {
+        Some(Ok(costs)) => table(costs),
+        _ if area => b"P".to_vec(),
+        _ => b"D".to_vec(),
+    };
     let answer = match config.tune {
         Tune::Defaults => b"D".to_vec(),
+        Tune::Probe if area => b"P".to_vec(),
+        Tune::Probe => b"D".to_vec(),
         Tune::Cache | Tune::Calibrate => {
             match cache_path(config, host, size).map(|p| (load(&p, size), p)) {
-                Some((Ok(costs), _)) => [b"T".as_slice(), costs.to_text().as_bytes()].concat(),
+                Some((Ok(costs), _)) => table(costs),
                 Some((Err(why), path)) => {
-                    if config.tune_file.is_some() || path.exists() {
+                    let named = config.tune_file.is_some();
+                    if named || path.exists() {
                         tracing::warn!(
                             rank = 0,
                             "tuner costs from {}: {why}; using {}",
                             path.display(),
-                            if config.tune == Tune::Calibrate {
-                                "a new calibration"
-                            } else {
-                                "the defaults"
+                            match config.tune {
+                                Tune::Calibrate => "a new calibration",
+                                _ if named => "the defaults",
+                                _ => "a probe of this machine",
                             }
                         );
                     }
-                    if config.tune == Tune::Calibrate {
-                        b"C".to_vec()
-                    } else {
-                        b"D".to_vec()
+                    match config.tune {
+                        Tune::Calibrate => b"C".to_vec(),
+                        // A file the user named is theirs: no probe is written in its place.
+                        _ if named => b"D".to_vec(),
+                        _ => probed(),
                     }
                 }
                 None if config.tune == Tune::Calibrate => b"C".to_vec(),
-                None => b"D".to_vec(),
+                None => probed(),
             }
         }
     };
     store.set(KEY, &answer)
 }
 
-/// What rank 0 handed out: the costs to start with, and whether to calibrate now.
-pub(super) fn take(store: &PrefixStore, rank: Rank, deadline: Instant) -> Result<(Costs, bool)> {
+/// What rank 0 handed out: the costs to start with, and what to do once made.
+pub(super) fn take(store: &PrefixStore, rank: Rank, deadline: Instant) -> Result<(Costs, Then)> {
     let answer = store.get(KEY, deadline)?;
     let bad = |why: String| Error::Bootstrap(format!("rank {rank}: rank 0's tuner costs: {why}"));
     match answer.split_first() {
-        Some((b'D', [])) => Ok((Costs::defaults().clone(), false)),
-        Some((b'C', [])) => Ok((Costs::defaults().clone(), true)),
+        Some((b'D', [])) => Ok((Costs::defaults().clone(), Then::Keep)),
+        Some((b'C', [])) => Ok((Costs::defaults().clone(), Then::Calibrate)),
+        Some((b'P', [])) => Ok((Costs::defaults().clone(), Then::Probe)),
         Some((b'T', text)) => {
             let text = std::str::from_utf8(text).map_err(|_| bad("not text".into()))?;
-            Ok((Costs::parse(text).map_err(bad)?, false))
+            Ok((Costs::parse(text).map_err(bad)?, Then::Keep))
         }
         _ => Err(bad("unreadable".into())),
     }
 }
 
-/// After creation: calibrates when rank 0 said so.
-pub(super) fn finish(comm: Communicator, calibrate: bool) -> Result<Communicator> {
-    if calibrate {
-        comm.calibrate()?;
+/// After creation: calibrates or probes when rank 0 said so (a probe only where the ranks
+/// share the group area, which every rank knows alike).
+pub(super) fn finish(comm: Communicator, then: Then) -> Result<Communicator> {
+    match then {
+        Then::Keep => {}
+        Then::Calibrate => {
+            comm.calibrate()?;
+        }
+        Then::Probe if comm.inner.means.area => {
+            let start = Instant::now();
+            let costs = comm.calibrate_with(&Calibration::probe())?;
+            tracing::debug!(
+                rank = comm.rank(),
+                "probed the group area's ways in {:.2} s: {}",
+                start.elapsed().as_secs_f64(),
+                costs.source()
+            );
+        }
+        Then::Probe => {}
     }
     Ok(comm)
 }
@@ -691,6 +812,18 @@ pub fn cache_path(config: &Config, host: &str, size: usize) -> Option<PathBuf> {
     )))
 }
 
+/// Where this host's probe for `size` ranks is cached ([`Calibration::probe`]): beside the
+/// calibration's file, `costs-HOST-Nr-VERSION-probe.txt`; `None` where [`Config::tune_file`]
+/// names a file (the user keeps the costs) or there is no cache directory.
+pub fn probe_path(config: &Config, host: &str, size: usize) -> Option<PathBuf> {
+    if config.tune_file.is_some() {
+        return None;
+    }
+    let full = cache_path(config, host, size)?;
+    let name = full.file_stem()?.to_str()?.to_owned() + "-probe.txt";
+    Some(full.with_file_name(name))
+}
+
 /// The costs cached at `path` for `size` ranks.
 fn load(path: &Path, size: usize) -> std::result::Result<Costs, String> {
     let text = crate::files::read_text(path, MAX_TEXT_BYTES).map_err(|e| e.to_string())?;
@@ -715,7 +848,35 @@ fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{LARGE_PASSES, PASSES, fit_alpha_and_overhead, keep_fastest, pass_plan};
+    use super::{
+        Calibration, LARGE_PASSES, PASSES, PROBE_PASSES, fit_alpha_and_overhead, keep_fastest,
+        pass_plan,
+    };
+
+    #[test]
+    fn a_probe_times_a_sparse_grid_in_fewer_passes() {
+        let p = Calibration::probe();
+        assert!(p.is_probe() && !Calibration::default().is_probe());
+        let k = |k: u32| 1usize << k;
+        let mut grid = vec![8];
+        grid.extend((12..=20).map(k));
+        grid.extend([k(22), k(24)]);
+        assert_eq!(p.sizes, grid);
+        // Every probed size is one the full calibration times too.
+        assert!(
+            p.sizes
+                .iter()
+                .all(|s| Calibration::default().sizes.contains(s))
+        );
+        // 8 bytes: the most calls, shared between the passes; 16 MiB (a budget for no call):
+        // one call in each pass; a full calibration as before.
+        assert_eq!(
+            p.plan(p.budget / 8),
+            (PROBE_PASSES, 100usize.div_ceil(PROBE_PASSES))
+        );
+        assert_eq!(p.plan(p.budget / (16 << 20)), (PROBE_PASSES, 1));
+        assert_eq!(Calibration::default().plan(0), (LARGE_PASSES, 1));
+    }
 
     #[test]
     fn each_point_is_timed_over_passes_a_share_at_a_time() {

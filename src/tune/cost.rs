@@ -214,6 +214,11 @@ impl LinkCost {
 /// Measured times, in seconds, at increasing sizes in bytes (at least one point).
 type Curve = Vec<(usize, f64)>;
 
+/// How far [`Costs::rescaled`] moves a table's time at most: a probed point more than this
+/// many times faster or slower than the table counts as this many (one disturbed measurement
+/// must not move a whole curve further than machines differ).
+pub const RESCALE_BOUND: f64 = 8.0;
+
 /// What the tuner prices area ways with (see the module documentation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Costs {
@@ -258,6 +263,62 @@ impl Costs {
             gamma: None,
             overhead: None,
         }
+    }
+
+    /// These costs (a table measured over every size, such as the defaults) carried over to the
+    /// machine `probed` was measured on, at a few sizes: where `probed` has a curve, this
+    /// table's time at every size of either is multiplied by the ratio probed / this table,
+    /// which is the probed one at a probed size (held within [`RESCALE_BOUND`] and its
+    /// inverse) and in between moves from one probed size's to the next's in proportion to the
+    /// logarithm of the size (the nearest one's beyond the ends). So the curve keeps the shape this table
+    /// measured between the probed sizes (where caches stop holding the data, say), at the
+    /// probed machine's level. Curves `probed` lacks stay as they are; curves only `probed`
+    /// has are taken as probed. Links, folds and the per-message overhead are this table's;
+    /// the source and rank count are `probed`'s.
+    pub fn rescaled(&self, probed: &Costs) -> Costs {
+        let mut out = self.clone();
+        out.source = probed.source.clone();
+        out.ranks = probed.ranks;
+        for (slot, p) in out.curves.iter_mut().zip(&probed.curves) {
+            let Some(p) = p else { continue };
+            let Some(d) = slot.as_ref() else {
+                *slot = Some(p.clone());
+                continue;
+            };
+            let ratios: Vec<(f64, f64)> = p
+                .iter()
+                .map(|&(b, t)| {
+                    let r = t / along(d, b);
+                    let r = if r.is_finite() && r > 0.0 { r } else { 1.0 };
+                    (
+                        (b.max(1) as f64).log2(),
+                        r.clamp(1.0 / RESCALE_BOUND, RESCALE_BOUND),
+                    )
+                })
+                .collect();
+            let ratio = |b: usize| {
+                let x = (b.max(1) as f64).log2();
+                let i = ratios.partition_point(|&(xr, _)| xr < x);
+                match i {
+                    0 => ratios[0].1,
+                    i if i == ratios.len() => ratios[i - 1].1,
+                    i => {
+                        let ((x0, r0), (x1, r1)) = (ratios[i - 1], ratios[i]);
+                        r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+                    }
+                }
+            };
+            let mut sizes: Vec<usize> = d.iter().chain(p).map(|&(b, _)| b).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            sizes.truncate(MAX_POINTS);
+            let curve = sizes
+                .into_iter()
+                .map(|b| (b, along(d, b) * ratio(b)))
+                .collect();
+            *slot = Some(curve);
+        }
+        out
     }
 
     /// These costs with another source line.
@@ -629,6 +690,72 @@ mod tests {
         );
         assert_eq!(c.estimate(key(Way::OneShot, true), 1 << 30), Some(2e-7));
         assert_eq!(c.estimate(key(Way::Direct, true), 1 << 30), Some(1e-6));
+    }
+
+    #[test]
+    fn a_probe_carries_each_curve_by_its_ratio_between_the_probed_sizes() {
+        let table = Costs::from_points(
+            "table",
+            2,
+            [
+                (
+                    key(Way::TwoShot, false),
+                    vec![
+                        (8, 1e-6),
+                        (64, 2e-6),
+                        (512, 4e-6),
+                        (4096, 8e-6),
+                        (8192, 1e-5),
+                    ],
+                ),
+                (key(Way::Direct, false), vec![(8, 5e-6), (4096, 9e-6)]),
+                (key(Way::OneShot, true), vec![(8, 3e-7), (4096, 3e-6)]),
+            ],
+        )
+        .with_link(
+            LinkKind::Shm,
+            LinkCost {
+                alpha: 6e-7,
+                beta: 1e-10,
+                stream: None,
+            },
+        )
+        .with_gamma(2e-11);
+        let probed = Costs::from_points(
+            "probed here",
+            4,
+            [
+                // Twice the table at 8 B, half of it at 4096 B.
+                (key(Way::TwoShot, false), vec![(8, 2e-6), (4096, 4e-6)]),
+                // 100 times the table: held to RESCALE_BOUND.
+                (key(Way::Direct, false), vec![(8, 5e-4)]),
+                // A curve the table lacks.
+                (key(Way::TwoShot, true), vec![(8, 7e-7)]),
+            ],
+        );
+        let c = table.rescaled(&probed);
+        let e = |k, b| c.estimate(k, b).unwrap();
+        let close = |x: f64, y: f64| assert!((x - y).abs() <= 1e-12 * y.abs().max(1e-9), "{x} {y}");
+        // At the probed sizes, the probed times; between them the table's shape, the ratio
+        // moving from 2 to 0.5 with log2 of the size (8 -> 4096 is 9 steps: 64 is a third of
+        // the way, 512 two thirds).
+        close(e(key(Way::TwoShot, false), 8), 2e-6);
+        close(e(key(Way::TwoShot, false), 4096), 4e-6);
+        close(e(key(Way::TwoShot, false), 64), 2e-6 * 1.5);
+        close(e(key(Way::TwoShot, false), 512), 4e-6 * 1.0);
+        // Beyond the last probed size, its ratio.
+        close(e(key(Way::TwoShot, false), 8192), 0.5 * 1e-5);
+        close(e(key(Way::Direct, false), 8), 5e-6 * RESCALE_BOUND);
+        close(e(key(Way::Direct, false), 4096), 9e-6 * RESCALE_BOUND);
+        // Not probed: as the table; only probed: as probed.
+        close(e(key(Way::OneShot, true), 4096), 3e-6);
+        close(e(key(Way::TwoShot, true), 1 << 20), 7e-7);
+        // The table's links and folds, the probe's source and rank count.
+        assert_eq!(c.link(LinkKind::Shm), table.link(LinkKind::Shm));
+        assert_eq!(c.gamma(), Some(2e-11));
+        assert_eq!((c.source(), c.ranks()), ("probed here", 4));
+        // What it writes reads back.
+        assert_eq!(Costs::parse(&c.to_text()).unwrap().to_text(), c.to_text());
     }
 
     #[test]

@@ -20,18 +20,21 @@ use crate::tune::Way;
 pub enum Tune {
     /// The defaults measured on the reference machine (`defaults`).
     Defaults,
-    /// This host's cached calibration if there is one; else its cached probe; else, where the
-    /// ranks share a group area, a probe at creation ([`crate::Calibration::probe`]: the
-    /// area's ways timed at a few sizes, the defaults scaled to them; a fraction of a second),
-    /// which rank 0 caches; else the defaults (`cache`). Where [`Config::tune_file`] names a
-    /// file, that file or the defaults.
+    /// This host's cached calibration if there is one; else its cached probe (or one this
+    /// process made); else, where the ranks share one host and its group area and
+    /// [`Config::algorithm`] forces nothing, a probe at creation ([`crate::Calibration::probe`]:
+    /// the area's ways timed at a few sizes, the defaults scaled to them; about 1 s on 2 ranks,
+    /// 5 s on 8 sharing 2 cores), which rank 0 caches; else the defaults (`cache`). Where
+    /// [`Config::tune_file`] names a file, that file or the defaults. The probe's calls are not
+    /// the caller's: its first call is collective #0, and the flight recorder holds only the
+    /// caller's calls.
     #[default]
     Cache,
     /// As `cache`, but when no calibration is cached the ranks calibrate at creation (about 7 s
     /// on 2 ranks) and rank 0 caches the result (`calibrate`).
     Calibrate,
-    /// A probe at creation whatever is cached, cached by rank 0 unless [`Config::tune_file`]
-    /// names a file (`probe`).
+    /// A probe at creation whatever is cached (where a probe can be made, as for `cache`),
+    /// cached by rank 0 unless [`Config::tune_file`] names a file (`probe`).
     Probe,
 }
 

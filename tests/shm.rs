@@ -36,14 +36,25 @@ fn pin_to_one_cpu() -> Result<(), String> {
     sched_setaffinity(None, &one).map_err(|e| e.to_string())
 }
 
+/// `n` ranks over shared memory; a test that leaves the tuner's costs to the cache (the
+/// default) gets the defaults instead, so that no test probes the machine under the load of
+/// the other tests and caches that for the developer's runs.
 fn shm(n: usize, config: Config) -> Vec<Communicator> {
-    let config = config.transports(TransportFilter::only(&["shm"]));
+    let config = untuned(config).transports(TransportFilter::only(&["shm"]));
     let comms = Communicator::init_local(n, config).expect("init over shm");
     for c in &comms {
         let want: Vec<Option<&str>> = (0..n).map(|r| (r != c.rank()).then_some("shm")).collect();
         assert_eq!(c.transports(), &want[..], "rank {}", c.rank());
     }
     comms
+}
+
+fn untuned(config: Config) -> Config {
+    if config.tune == oxccl::Tune::Cache && config.tune_file.is_none() {
+        config.tune(oxccl::Tune::Defaults)
+    } else {
+        config
+    }
 }
 
 /// Rank `r`'s value at `i`: small integers, so float sums are exact in any order.

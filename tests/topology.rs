@@ -17,7 +17,10 @@ fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("oxccl-topology-{}-{name}", std::process::id()))
 }
 
+/// `n` ranks over shared memory, on the defaults' costs (no test probes the machine under the
+/// load of the other tests and caches that for the developer's runs).
 fn shm(n: usize, config: Config) -> oxccl::Result<Vec<Communicator>> {
+    let config = config.tune(oxccl::Tune::Defaults);
     Communicator::init_local(n, config.transports(TransportFilter::only(&["shm"])))
 }
 

@@ -363,8 +363,21 @@ fn tune_probe_probes_at_creation_and_every_rank_takes_rank_zeros_table() {
             }
         }
     }
-    // Where the way is forced, the costs decide nothing: no probe.
-    let forced = Communicator::init_local(2, shm(config.area_way(Some(Way::TwoShot)))).unwrap();
+    // The caller's calls are numbered from 0 and the flight recorder holds only them: the
+    // probe's thousands of calls are not the caller's.
+    on_each(&comms, |c| {
+        let mut v = [1.0f32; 4];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, [2.0; 4]);
+    });
+    for c in &comms {
+        let t = c.trace();
+        let names: Vec<String> = t.entries.iter().map(|e| e.name()).collect();
+        assert_eq!((names, t.recorded), (vec!["all_reduce #0".to_string()], 1));
+    }
+    // Where OXCCL_ALGO forces the algorithm, no call takes the area: no probe.
+    let forced = config.algorithm(Some(oxccl::algo::Algorithm::Ring));
+    let forced = Communicator::init_local(2, shm(forced)).unwrap();
     assert_eq!(&forced[0].costs(), Costs::defaults());
     let _ = std::fs::remove_dir_all(dir);
 }

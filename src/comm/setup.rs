@@ -190,7 +190,11 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         .and_then(|a| a.group(rank));
     let direct = group.as_ref().is_some_and(|a| a.direct());
     if rank == 0 {
-        tuning::hand_out(&store, &config, (&infos[0].host, size), group.is_some())?;
+        // A probe needs the area and one host (a fixture that spreads the ranks over hosts
+        // gives the tuner no area); the caches are named after the first host's label.
+        let one_host = Hosts::from_labels(&topo.hosts).count() == 1;
+        let area = group.is_some() && one_host;
+        tuning::hand_out(&store, &config, (&topo.hosts[0], size), area)?;
     }
     store.set(&format!("ready/{rank}"), if direct { b"d" } else { b"1" })?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();

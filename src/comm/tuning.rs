@@ -18,7 +18,7 @@ use crate::algo::{Algorithm, Choice, Collective, Plan};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::config::{Config, Tune};
 use crate::error::{Error, Result};
-use crate::tune::cost::{AREA_COLLECTIVES, MAX_TEXT_BYTES};
+use crate::tune::cost::{AREA_COLLECTIVES, MAX_TEXT_BYTES, RESCALE_BOUND};
 use crate::tune::{self, Costs, Decision, Key, LinkCost, LinkKind, Route, Way};
 use crate::types::{DataType, Rank};
 
@@ -48,6 +48,8 @@ pub struct Calibration {
     /// ([`Calibration::probe`]), which carries the defaults to this machine instead of replacing
     /// them.
     passes: Option<usize>,
+    /// Whether this is [`Calibration::probe`].
+    probe: bool,
 }
 
 /// The processor time per message the calibration prices with once, to learn how the
@@ -153,6 +155,7 @@ impl Default for Calibration {
             max_buffer: 64 << 20,
             budget: 32 << 20,
             passes: None,
+            probe: false,
         }
     }
 }
@@ -186,12 +189,13 @@ impl Calibration {
             max_buffer: 32 << 20,
             budget: 2 << 20,
             passes: Some(PROBE_PASSES),
+            probe: true,
         }
     }
 
     /// Whether this is a probe ([`Calibration::probe`]).
     pub fn is_probe(&self) -> bool {
-        self.passes.is_some()
+        self.probe
     }
 
     /// (passes, calls in each) for a point worth `calls` calls of the budget.
@@ -208,8 +212,9 @@ impl Calibration {
 }
 
 impl Communicator {
-    /// The costs the tuner prices the ways through the shared group area with (the same on
-    /// every rank): rank 0's cached calibration, a calibration just run, or the defaults.
+    /// The costs the tuner prices the ways through the shared group area and the links with
+    /// (the same on every rank): rank 0's cached calibration or probe, one just made, or the
+    /// defaults ([`Tune`]).
     pub fn costs(&self) -> Costs {
         self.inner.lock().costs.clone()
     }
@@ -259,12 +264,14 @@ impl Communicator {
         };
         for (kind, mut cost) in self.measure_links(!probe)? {
             // A probe times no streaming transfer (64 MiB): the table's streaming rate, in
-            // the proportion this machine's cached rate bears to the table's.
+            // the proportion this machine's in-cache rate (4 MiB) bears to the table's, held
+            // within RESCALE_BOUND as the area's curves are.
             if let (true, Some(d)) = (probe, measured.link(kind))
                 && let Some((bytes, beta)) = d.stream
                 && d.beta > 0.0
             {
-                cost.stream = Some((bytes, beta * cost.beta / d.beta));
+                let ratio = (cost.beta / d.beta).clamp(1.0 / RESCALE_BOUND, RESCALE_BOUND);
+                cost.stream = Some((bytes, beta * ratio));
             }
             measured = measured.with_link(kind, cost);
         }
@@ -349,10 +356,17 @@ impl Communicator {
         let costs = std::str::from_utf8(&text)
             .map_err(|_| self.bad_table("a cost table that is not text"))
             .and_then(|t| Costs::parse(t).map_err(|e| self.bad_table(&e)))?;
-        let path = if probe {
-            probe_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
-        } else {
-            cache_path(&self.inner.config, &self.inner.topo.hosts[0], self.size())
+        let host = &self.inner.topo.hosts[0];
+        // A probe without the area measured nothing of it: nothing to keep.
+        let path = match (probe, self.inner.means.area) {
+            (false, _) => cache_path(&self.inner.config, host, self.size()),
+            (true, true) => {
+                if self.rank() == 0 {
+                    remember_probe(host, self.size(), &costs);
+                }
+                probe_path(&self.inner.config, host, self.size())
+            }
+            (true, false) => None,
         };
         if self.rank() == 0
             && let Some(path) = path
@@ -687,8 +701,9 @@ pub(super) enum Then {
 }
 
 /// Rank 0's answer at creation, under [`KEY`]: `D` (the defaults), `C` (calibrate now), `P`
-/// (probe now) or `T` and a cost table. `area`: whether rank 0 has the group area (a probe
-/// times its ways; without it there is nothing to probe).
+/// (probe now) or `T` and a cost table. `host`: the first host's label (what the caches are
+/// named after); `area`: whether the ranks share the group area and one host (a probe times
+/// its ways; without them there is nothing to probe).
 pub(super) fn hand_out(
     store: &PrefixStore,
     config: &Config,
@@ -696,14 +711,19 @@ pub(super) fn hand_out(
     area: bool,
 ) -> Result<()> {
     let table = |costs: Costs| [b"T".as_slice(), costs.to_text().as_bytes()].concat();
-    // Where a way or an algorithm is forced, the costs decide nothing a probe could improve.
-    let area = area && config.area_way.is_none() && config.algorithm.is_none();
-    // Where no file is named and nothing is cached: the probe's table if an earlier
-    // communicator of this host and rank count cached one, else a probe now.
-    let probed = || match probe_path(config, host, size).map(|p| load(&p, size)) {
-        Some(Ok(costs)) => table(costs),
-        _ if area => b"P".to_vec(),
-        _ => b"D".to_vec(),
+    // Where OXCCL_ALGO forces the algorithm no call takes the area, whose ways a probe times.
+    let area = area && config.algorithm.is_none();
+    // Where no file is named and nothing is cached: the probe an earlier communicator of this
+    // host and rank count made (in this process, else cached), else a probe now.
+    let probed = || {
+        if let Some(costs) = remembered_probe(host, size) {
+            return table(costs);
+        }
+        match probe_path(config, host, size).map(|p| load(&p, size)) {
+            Some(Ok(costs)) => table(costs),
+            _ if area => b"P".to_vec(),
+            _ => b"D".to_vec(),
+        }
     };
     let answer = match config.tune {
         Tune::Defaults => b"D".to_vec(),
@@ -714,24 +734,26 @@ pub(super) fn hand_out(
                 Some((Ok(costs), _)) => table(costs),
                 Some((Err(why), path)) => {
                     let named = config.tune_file.is_some();
+                    let answer = match config.tune {
+                        Tune::Calibrate => b"C".to_vec(),
+                        // A file the user named is theirs: no probe is written in its place.
+                        _ if named => b"D".to_vec(),
+                        _ => probed(),
+                    };
                     if named || path.exists() {
                         tracing::warn!(
                             rank = 0,
                             "tuner costs from {}: {why}; using {}",
                             path.display(),
-                            match config.tune {
-                                Tune::Calibrate => "a new calibration",
-                                _ if named => "the defaults",
-                                _ => "a probe of this machine",
+                            match answer.first() {
+                                Some(b'C') => "a new calibration",
+                                Some(b'P') => "a probe of this machine",
+                                Some(b'T') => "this host's probe",
+                                _ => "the defaults",
                             }
                         );
                     }
-                    match config.tune {
-                        Tune::Calibrate => b"C".to_vec(),
-                        // A file the user named is theirs: no probe is written in its place.
-                        _ if named => b"D".to_vec(),
-                        _ => probed(),
-                    }
+                    answer
                 }
                 None if config.tune == Tune::Calibrate => b"C".to_vec(),
                 None => probed(),
@@ -739,6 +761,30 @@ pub(super) fn hand_out(
         }
     };
     store.set(KEY, &answer)
+}
+
+/// Probes rank 0 made in this process, by (host, rank count): a communicator made again, or
+/// split or shrunk to a size probed before, takes one of these instead of probing again where
+/// there is no cache directory to find it in.
+static PROBES: std::sync::Mutex<Vec<(String, usize, Costs)>> = std::sync::Mutex::new(Vec::new());
+
+/// The most probes [`PROBES`] holds (one per rank count a process's communicators have).
+const MAX_PROBES: usize = 64;
+
+fn remember_probe(host: &str, size: usize, costs: &Costs) {
+    let mut p = PROBES.lock().unwrap_or_else(|e| e.into_inner());
+    p.retain(|(h, n, _)| !(h == host && *n == size));
+    if p.len() >= MAX_PROBES {
+        p.remove(0);
+    }
+    p.push((host.to_owned(), size, costs.clone()));
+}
+
+fn remembered_probe(host: &str, size: usize) -> Option<Costs> {
+    let p = PROBES.lock().unwrap_or_else(|e| e.into_inner());
+    p.iter()
+        .find(|(h, n, _)| h == host && *n == size)
+        .map(|(_, _, c)| c.clone())
 }
 
 /// What rank 0 handed out: the costs to start with, and what to do once made.
@@ -761,7 +807,7 @@ pub(super) fn take(store: &PrefixStore, rank: Rank, deadline: Instant) -> Result
 /// share the group area, which every rank knows alike).
 pub(super) fn finish(comm: Communicator, then: Then) -> Result<Communicator> {
     match then {
-        Then::Keep => {}
+        Then::Keep => return Ok(comm),
         Then::Calibrate => {
             comm.calibrate()?;
         }
@@ -775,7 +821,16 @@ pub(super) fn finish(comm: Communicator, then: Then) -> Result<Communicator> {
                 costs.source()
             );
         }
-        Then::Probe => {}
+        Then::Probe => return Ok(comm),
+    }
+    // The caller's first call is collective #0, and the flight recorder shows the caller's
+    // calls only. Every rank starts over here, after the same calls, and a link delivers in
+    // order, so no message of those calls can meet one numbered anew.
+    {
+        let mut st = comm.inner.lock();
+        st.collectives = 0;
+        st.groups.fill(0);
+        comm.inner.trace.forget();
     }
     Ok(comm)
 }
@@ -839,7 +894,10 @@ fn save(path: &Path, text: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique among writers: processes by their id, threads of one by a count.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);

@@ -321,6 +321,8 @@ pub(crate) struct Recorder {
     keep: u64,
     clock: Clock,
     next: AtomicU64,
+    /// The first entry a snapshot shows ([`Recorder::forget`]).
+    floor: AtomicU64,
     /// The entry of the call running now (`NO_ID`: none).
     current: AtomicU64,
     start_unix_ns: u64,
@@ -351,6 +353,7 @@ impl Recorder {
             keep: entries as u64,
             clock: Clock::new(),
             next: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
             current: AtomicU64::new(NO_ID),
             start_unix_ns: unix_ns(),
             rank,
@@ -544,13 +547,26 @@ impl Recorder {
         }
     }
 
+    /// Leaves out of every later snapshot the calls recorded so far (the ones a communicator
+    /// makes to probe or calibrate itself at creation, which the caller never made). Called
+    /// with the communicator's state lock held, no call running.
+    pub(crate) fn forget(&self) {
+        self.floor
+            .store(self.next.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.current.store(NO_ID, Ordering::Relaxed);
+    }
+
     /// A copy of the kept calls.
     pub(crate) fn snapshot(&self, reason: &str) -> Trace {
         let ns = self.clock.to_ns();
         let dumped_ns = ns(self.now());
         let failure = self.error.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let recorded = self.next.load(Ordering::Relaxed);
-        let oldest = recorded.saturating_sub(self.keep);
+        let (next, floor) = (
+            self.next.load(Ordering::Relaxed),
+            self.floor.load(Ordering::Relaxed),
+        );
+        let oldest = next.saturating_sub(self.keep).max(floor);
+        let recorded = next.saturating_sub(floor);
         let mut entries: Vec<TraceEntry> = self
             .slots
             .iter()
@@ -988,6 +1004,25 @@ mod tests {
             ]
         );
         assert_eq!(Trace::from_json(&t.to_json()).unwrap(), t);
+    }
+
+    #[test]
+    fn forgotten_calls_leave_the_snapshots() {
+        let r = recorder(8);
+        let plan = Plan::new(Collective::AllReduce, 2, DataType::F32);
+        for seq in 0..5 {
+            let m = r.collective(seq, &plan, Route::Area(Way::OneShot), true);
+            r.end(m, &Ok(()));
+        }
+        r.forget();
+        let t = r.snapshot("requested");
+        assert!(t.entries.is_empty() && t.recorded == 0, "{t:?}");
+        let m = r.collective(0, &plan, Route::Area(Way::OneShot), true);
+        r.end(m, &Ok(()));
+        let t = r.snapshot("requested");
+        assert_eq!(t.recorded, 1);
+        let names: Vec<String> = t.entries.iter().map(TraceEntry::name).collect();
+        assert_eq!(names, ["all_reduce #0"]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The tuner's costs: how long each way through the shared group area takes, per collective
 //! and placement, as a function of the message size — measured on the machine the job runs on
-//! ([`crate::Communicator::calibrate`]) or, when nothing was measured, the defaults measured on
-//! the reference machine (`defaults.txt` beside this file, written by the same calibration).
+//! ([`crate::Communicator::calibrate`]), the defaults carried to it by a probe of a few sizes
+//! ([`Costs::rescaled`], [`crate::Calibration::probe`]), or the defaults measured on the
+//! reference machine (`defaults.txt` beside this file, written by the same calibration).
 //!
 //! Each way's cost is a piecewise α-β model: the calibration times the way at a grid of sizes,
 //! and between two measured sizes `b₀ < b₁` a call of `b` bytes is priced `α + β·b`, the line
@@ -214,9 +215,10 @@ impl LinkCost {
 /// Measured times, in seconds, at increasing sizes in bytes (at least one point).
 type Curve = Vec<(usize, f64)>;
 
-/// How far [`Costs::rescaled`] moves a table's time at most: a probed point more than this
-/// many times faster or slower than the table counts as this many (one disturbed measurement
-/// must not move a whole curve further than machines differ).
+/// How far a probed point may sit from its curve's level in [`Costs::rescaled`]: a point whose
+/// ratio to the table is more than this many times the curve's median ratio, or less than its
+/// inverse, counts as this many (one disturbed measurement must not bend a curve further than
+/// caches bend it).
 pub const RESCALE_BOUND: f64 = 8.0;
 
 /// What the tuner prices area ways with (see the module documentation).
@@ -266,57 +268,91 @@ impl Costs {
     }
 
     /// These costs (a table measured over every size, such as the defaults) carried over to the
-    /// machine `probed` was measured on, at a few sizes: where `probed` has a curve, this
-    /// table's time at every size of either is multiplied by the ratio probed / this table,
-    /// which is the probed one at a probed size (held within [`RESCALE_BOUND`] and its
-    /// inverse) and in between moves from one probed size's to the next's in proportion to the
-    /// logarithm of the size (the nearest one's beyond the ends). So the curve keeps the shape this table
-    /// measured between the probed sizes (where caches stop holding the data, say), at the
-    /// probed machine's level. Curves `probed` lacks stay as they are; curves only `probed`
-    /// has are taken as probed. Links, folds and the per-message overhead are this table's;
-    /// the source and rank count are `probed`'s.
+    /// machine `probed` was measured on, at a few sizes. Where `probed` has a curve, this
+    /// table's time at every size of either is multiplied by the ratio probed / this table:
+    /// at a probed size the probed one, held within [`RESCALE_BOUND`] of the curve's median
+    /// ratio either way (a point far off the curve's own level is a disturbed measurement,
+    /// while the level itself may differ by more than the bound: the defaults were measured
+    /// on 2 ranks, and a gather's data grows with the ranks); in between it moves from one
+    /// probed size's to the next's in proportion to the logarithm of the size, and beyond the
+    /// ends it is the nearest one's. So the curve keeps the shape this table measured between
+    /// the probed sizes (where caches stop holding the data, say), at the probed machine's
+    /// level. Probed points that are zero or not finite are left out. Curves `probed` lacks
+    /// are scaled by the median of the curve medians of their collective, else of every
+    /// probed curve, so they stay comparable with the rest (else they are kept); curves only
+    /// `probed` has are taken as probed. A curve holds at most the table's limit of sizes:
+    /// every probed one, and this table's spread evenly over the rest. Links, folds and the
+    /// per-message overhead are this table's; the source and rank count are `probed`'s.
     pub fn rescaled(&self, probed: &Costs) -> Costs {
         let mut out = self.clone();
         out.source = probed.source.clone();
         out.ranks = probed.ranks;
-        for (slot, p) in out.curves.iter_mut().zip(&probed.curves) {
-            let Some(p) = p else { continue };
-            let Some(d) = slot.as_ref() else {
-                *slot = Some(p.clone());
+        let per_collective = WAYS.len() * 2;
+        // Each probed curve that this table has too: its (log2 size, ratio) points.
+        let mut ratios: Vec<Option<Vec<(f64, f64)>>> = vec![None; SLOTS];
+        let mut medians: Vec<(usize, f64)> = Vec::new();
+        for (slot, (d, p)) in self.curves.iter().zip(&probed.curves).enumerate() {
+            let (Some(d), Some(p)) = (d, p) else { continue };
+            let mut r: Vec<(f64, f64)> = p
+                .iter()
+                .map(|&(b, t)| ((b.max(1) as f64).log2(), t / along(d, b)))
+                .filter(|&(_, r)| r.is_finite() && r > 0.0)
+                .collect();
+            let Some(m) = median(r.iter().map(|&(_, r)| r)) else {
                 continue;
             };
-            let ratios: Vec<(f64, f64)> = p
-                .iter()
-                .map(|&(b, t)| {
-                    let r = t / along(d, b);
-                    let r = if r.is_finite() && r > 0.0 { r } else { 1.0 };
-                    (
-                        (b.max(1) as f64).log2(),
-                        r.clamp(1.0 / RESCALE_BOUND, RESCALE_BOUND),
-                    )
-                })
-                .collect();
+            for (_, x) in &mut r {
+                *x = x.clamp(m / RESCALE_BOUND, m * RESCALE_BOUND);
+            }
+            ratios[slot] = Some(r);
+            medians.push((slot / per_collective, m));
+        }
+        let everyone = median(medians.iter().map(|&(_, m)| m));
+        for (slot, curve) in out.curves.iter_mut().enumerate() {
+            let p = probed.curves[slot].as_ref();
+            let Some(d) = self.curves[slot].as_ref() else {
+                *curve = p.cloned();
+                continue;
+            };
+            let Some(r) = &ratios[slot] else {
+                // Not probed (or nothing usable): the level of its collective's probed curves.
+                let c = slot / per_collective;
+                let level = median(medians.iter().filter(|m| m.0 == c).map(|m| m.1)).or(everyone);
+                if let Some(level) = level {
+                    *curve = Some(d.iter().map(|&(b, t)| (b, t * level)).collect());
+                }
+                continue;
+            };
             let ratio = |b: usize| {
                 let x = (b.max(1) as f64).log2();
-                let i = ratios.partition_point(|&(xr, _)| xr < x);
-                match i {
-                    0 => ratios[0].1,
-                    i if i == ratios.len() => ratios[i - 1].1,
+                match r.partition_point(|&(xr, _)| xr < x) {
+                    0 => r[0].1,
+                    i if i == r.len() => r[i - 1].1,
                     i => {
-                        let ((x0, r0), (x1, r1)) = (ratios[i - 1], ratios[i]);
+                        let ((x0, r0), (x1, r1)) = (r[i - 1], r[i]);
                         r0 + (r1 - r0) * (x - x0) / (x1 - x0)
                     }
                 }
             };
-            let mut sizes: Vec<usize> = d.iter().chain(p).map(|&(b, _)| b).collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            sizes.truncate(MAX_POINTS);
-            let curve = sizes
-                .into_iter()
-                .map(|b| (b, along(d, b) * ratio(b)))
+            let mut ours: Vec<usize> = p.into_iter().flatten().map(|&(b, _)| b).collect();
+            ours.truncate(MAX_POINTS);
+            let theirs: Vec<usize> = d
+                .iter()
+                .map(|&(b, _)| b)
+                .filter(|b| !ours.contains(b))
                 .collect();
-            *slot = Some(curve);
+            let room = MAX_POINTS - ours.len();
+            if theirs.len() > room {
+                ours.extend((0..room).map(|k| theirs[k * theirs.len() / room]));
+            } else {
+                ours.extend(theirs);
+            }
+            ours.sort_unstable();
+            *curve = Some(
+                ours.into_iter()
+                    .map(|b| (b, along(d, b) * ratio(b)))
+                    .collect(),
+            );
         }
         out
     }
@@ -382,7 +418,8 @@ impl Costs {
     }
 
     /// The defaults: measured by [`crate::Communicator::calibrate`] on the reference machine
-    /// (2 ranks), used wherever nothing was calibrated.
+    /// (2 ranks), used as they are where nothing was calibrated or probed, and what a probe
+    /// carries to the machine it runs on ([`Costs::rescaled`]).
     pub fn defaults() -> &'static Costs {
         static DEFAULTS: OnceLock<Costs> = OnceLock::new();
         DEFAULTS.get_or_init(|| {
@@ -614,6 +651,18 @@ impl Costs {
     }
 }
 
+/// The median of `values` (the mean of the middle two of an even count); `None` if empty.
+fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 /// The piecewise α-β estimate along `curve` (non-empty, sizes increasing) at `bytes`.
 fn along(curve: &[(usize, f64)], bytes: usize) -> f64 {
     let i = curve.partition_point(|&(b, _)| b < bytes);
@@ -694,6 +743,11 @@ mod tests {
 
     #[test]
     fn a_probe_carries_each_curve_by_its_ratio_between_the_probed_sizes() {
+        let bcast = Key {
+            collective: Collective::Broadcast,
+            way: Way::Staged,
+            in_place: false,
+        };
         let table = Costs::from_points(
             "table",
             2,
@@ -710,6 +764,7 @@ mod tests {
                 ),
                 (key(Way::Direct, false), vec![(8, 5e-6), (4096, 9e-6)]),
                 (key(Way::OneShot, true), vec![(8, 3e-7), (4096, 3e-6)]),
+                (bcast, vec![(8, 1e-6)]),
             ],
         )
         .with_link(
@@ -725,10 +780,21 @@ mod tests {
             "probed here",
             4,
             [
-                // Twice the table at 8 B, half of it at 4096 B.
-                (key(Way::TwoShot, false), vec![(8, 2e-6), (4096, 4e-6)]),
-                // 100 times the table: held to RESCALE_BOUND.
-                (key(Way::Direct, false), vec![(8, 5e-4)]),
+                // Twice the table at 8 B, half of it at 4096 B; a zero at 64 B is left out.
+                (
+                    key(Way::TwoShot, false),
+                    vec![(8, 2e-6), (64, 0.0), (4096, 4e-6)],
+                ),
+                // 100 times the table (a level further off than the bound: taken), and at
+                // 512 B 100 times that (off the curve's own level: held to the bound).
+                (
+                    key(Way::Direct, false),
+                    vec![
+                        (8, 5e-4),
+                        (512, 1e4 * along(&[(8, 5e-6), (4096, 9e-6)], 512)),
+                        (4096, 9e-4),
+                    ],
+                ),
                 // A curve the table lacks.
                 (key(Way::TwoShot, true), vec![(8, 7e-7)]),
             ],
@@ -745,10 +811,20 @@ mod tests {
         close(e(key(Way::TwoShot, false), 512), 4e-6 * 1.0);
         // Beyond the last probed size, its ratio.
         close(e(key(Way::TwoShot, false), 8192), 0.5 * 1e-5);
-        close(e(key(Way::Direct, false), 8), 5e-6 * RESCALE_BOUND);
-        close(e(key(Way::Direct, false), 4096), 9e-6 * RESCALE_BOUND);
-        // Not probed: as the table; only probed: as probed.
-        close(e(key(Way::OneShot, true), 4096), 3e-6);
+        close(e(key(Way::Direct, false), 8), 5e-4);
+        close(e(key(Way::Direct, false), 4096), 9e-4);
+        let direct_512 = along(&[(8, 5e-6), (4096, 9e-6)], 512);
+        close(
+            e(key(Way::Direct, false), 512),
+            direct_512 * 100.0 * RESCALE_BOUND,
+        );
+        // Not probed: the table scaled by the median of the probed all-reduce curves' medians
+        // (TwoShot's: (2 + 0.5) / 2; Direct's: 100); a collective nothing of which was probed,
+        // by every probed curve's.
+        let level = (1.25 + 100.0) / 2.0;
+        close(e(key(Way::OneShot, true), 4096), 3e-6 * level);
+        close(e(bcast, 8), 1e-6 * level);
+        // Only probed: as probed.
         close(e(key(Way::TwoShot, true), 1 << 20), 7e-7);
         // The table's links and folds, the probe's source and rank count.
         assert_eq!(c.link(LinkKind::Shm), table.link(LinkKind::Shm));

@@ -13,7 +13,8 @@
 //!
 //! Ways through the area are priced by [`Costs`] — a piecewise α-β model per (collective,
 //! way, placement) measured by [`crate::Communicator::calibrate`] on the machine the job runs
-//! on, or the defaults measured on the reference machine — and the cheapest is taken. So that
+//! on, the defaults measured on the reference machine carried to it by a probe at creation,
+//! or those defaults as they are — and the cheapest is taken. So that
 //! ranks placed differently still meet, only direct against two-shot may depend on placement
 //! (they agree at their first turn); one-shot or not, and staged or direct, are priced over
 //! both placements. Set thresholds override the costs (`OXCCL_DIRECT_MIN` / `_MAX`,

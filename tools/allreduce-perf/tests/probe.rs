@@ -48,7 +48,7 @@ fn a_fresh_host_is_probed_once_and_the_probe_is_cached() {
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_str().unwrap().to_owned();
     assert!(
-        name.starts_with("costs-") && name.ends_with("-2r-0.1.0-probe.txt"),
+        name.starts_with("costs-") && name.ends_with(&format!("-2r-{}-probe.txt", oxccl::VERSION)),
         "{name}"
     );
     let text = std::fs::read_to_string(&files[0]).unwrap();

@@ -24,17 +24,21 @@ pub enum Tune {
     /// process made); else, where the ranks share one host and its group area and
     /// [`Config::algorithm`] forces nothing, a probe at creation ([`crate::Calibration::probe`]:
     /// the area's ways timed at a few sizes, the defaults scaled to them; about 1 s on 2 ranks,
-    /// 5 s on 8 sharing 2 cores), which rank 0 caches; else the defaults (`cache`). Where
-    /// [`Config::tune_file`] names a file, that file or the defaults. The probe's calls are not
-    /// the caller's: its first call is collective #0, and the flight recorder holds only the
-    /// caller's calls.
+    /// 5 s on 8 sharing 2 cores), which rank 0 caches; else the defaults (`cache`). A cached
+    /// probe made of fewer than [`crate::PROBE_ROUNDS`] probes is probed again, rank 0 keeping
+    /// each point's fastest ([`crate::tune::Costs::fastest_of`]), so a host's first three
+    /// processes probe. Where [`Config::tune_file`] names a file, that file or the defaults.
+    /// The probe's calls are not the caller's: its first call is collective #0, and the flight
+    /// recorder holds only the caller's calls.
     #[default]
     Cache,
     /// As `cache`, but when no calibration is cached the ranks calibrate at creation (about 7 s
     /// on 2 ranks) and rank 0 caches the result (`calibrate`).
     Calibrate,
     /// A probe at creation whatever is cached (where a probe can be made, as for `cache`),
-    /// cached by rank 0 unless [`Config::tune_file`] names a file (`probe`).
+    /// cached by rank 0 unless [`Config::tune_file`] names a file (`probe`); joined with the
+    /// cached probe as under `cache` while that one is made of fewer than
+    /// [`crate::PROBE_ROUNDS`], else the count starts over.
     Probe,
 }
 

@@ -88,7 +88,7 @@ pub const MAX_LOCAL_RANKS: usize = 4096;
 pub use bootstrap::UniqueId;
 #[cfg(feature = "cuda")]
 pub use comm::NativeCall;
-pub use comm::{Calibration, Communicator, Group, Pending, RawMessage, Registration};
+pub use comm::{Calibration, Communicator, Group, PROBE_ROUNDS, Pending, RawMessage, Registration};
 pub use config::{Config, Tune};
 pub use error::{Error, Result};
 pub use float8::{F8E4M3, F8E5M2};

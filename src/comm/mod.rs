@@ -33,7 +33,7 @@ pub use memory::Registration;
 #[cfg(feature = "cuda")]
 pub use native::NativeCall;
 pub use raw::{Pending, RawMessage};
-pub use tuning::Calibration;
+pub use tuning::{Calibration, PROBE_ROUNDS};
 
 use crate::algo::{self, Choice, Plan};
 use crate::bootstrap::{MemStore, Rendezvous, Store, UniqueId};

@@ -37,6 +37,9 @@
 //! a direct all-reduce timed with every rank at work, and it is large only where ranks share
 //! cores.
 //!
+//! A probe's table also says how many probes it is the fastest of (`probes 2`; see
+//! [`Costs::fastest_of`]).
+//!
 //! Parsing is strict and bounded (sizes, lines and points are capped), so a damaged or hostile
 //! file is rejected with a reason instead of steering the tuner.
 
@@ -56,6 +59,8 @@ const MAX_POINTS: usize = 64;
 /// The longest time a point may state, in seconds (anything longer is not a measurement of
 /// one collective call).
 const MAX_SECONDS: f64 = 1e4;
+/// The most probes a table may say it is made of.
+const MAX_PROBES: usize = 1000;
 
 /// The collectives that have ways through the group area, in [`Costs`]' index order.
 pub const AREA_COLLECTIVES: [Collective; 8] = [
@@ -228,6 +233,9 @@ pub struct Costs {
     source: String,
     /// The rank count they were measured with (0: unknown).
     ranks: usize,
+    /// How many probes these costs keep the fastest of ([`Costs::fastest_of`]; 0: not a
+    /// probe's).
+    probes: usize,
     /// Indexed by [`Key::index`].
     curves: [Option<Curve>; SLOTS],
     /// Indexed by [`LinkKind::index`].
@@ -260,6 +268,7 @@ impl Costs {
         Costs {
             source: source.replace(['\n', '\r'], " "),
             ranks,
+            probes: 0,
             curves,
             links: [None; LinkKind::ALL.len()],
             gamma: None,
@@ -282,11 +291,13 @@ impl Costs {
     /// probed curve, so they stay comparable with the rest (else they are kept); curves only
     /// `probed` has are taken as probed. A curve holds at most the table's limit of sizes:
     /// every probed one, and this table's spread evenly over the rest. Links, folds and the
-    /// per-message overhead are this table's; the source and rank count are `probed`'s.
+    /// per-message overhead are this table's; the source, rank count and probe count are
+    /// `probed`'s.
     pub fn rescaled(&self, probed: &Costs) -> Costs {
         let mut out = self.clone();
         out.source = probed.source.clone();
         out.ranks = probed.ranks;
+        out.probes = probed.probes;
         let per_collective = WAYS.len() * 2;
         // Each probed curve that this table has too: its (log2 size, ratio) points.
         let mut ratios: Vec<Option<Vec<(f64, f64)>>> = vec![None; SLOTS];
@@ -366,6 +377,59 @@ impl Costs {
     /// These costs stated for `ranks` ranks (what a cache is checked against).
     pub fn with_ranks(mut self, ranks: usize) -> Costs {
         self.ranks = ranks;
+        self
+    }
+
+    /// How many probes these costs keep the fastest of (0: not a probe's).
+    pub fn probes(&self) -> usize {
+        self.probes
+    }
+
+    /// These costs stated as the fastest of `probes` probes (at most a thousand).
+    pub fn with_probes(mut self, probes: usize) -> Costs {
+        self.probes = probes.min(MAX_PROBES);
+        self
+    }
+
+    /// These costs (a probe's, just made) joined with `earlier` (an earlier probe's of the same
+    /// machine and rank count): at every size both curves of a key measured, the faster time;
+    /// every link's α, β and streaming β the smaller; the fold rate the faster; the rest
+    /// (other sizes, the per-message overhead, the source) these costs'. The probe count is
+    /// one more than `earlier`'s (at least 1 each).
+    ///
+    /// A probe lasts about a second, and a machine can be slow for seconds at a time: the
+    /// 2-core VM of 2026-12-02 ran the staged 64 KiB reduce in 3.8-4.2 µs in one state and
+    /// 16.6 in the other, and a probe that met only the slow one priced it at 12.6 µs and sent
+    /// the call the direct way (11-14 µs either way). Probes at different times, each point
+    /// keeping its fastest as a calibration's passes do, price every way at the speed the
+    /// machine reaches.
+    pub fn fastest_of(mut self, earlier: &Costs) -> Costs {
+        for (curve, old) in self.curves.iter_mut().zip(&earlier.curves) {
+            let (Some(curve), Some(old)) = (curve.as_mut(), old.as_ref()) else {
+                continue;
+            };
+            for (b, t) in curve.iter_mut() {
+                if let Some(&(_, o)) = old.iter().find(|(ob, _)| ob == b) {
+                    *t = t.min(o);
+                }
+            }
+        }
+        for (link, old) in self.links.iter_mut().zip(&earlier.links) {
+            let (Some(l), Some(o)) = (link.as_mut(), old) else {
+                continue;
+            };
+            l.alpha = l.alpha.min(o.alpha);
+            l.beta = l.beta.min(o.beta);
+            if let (Some((b, s)), Some((ob, os))) = (l.stream.as_mut(), o.stream)
+                && *b == ob
+            {
+                *s = s.min(os);
+            }
+        }
+        if let (Some(g), Some(o)) = (self.gamma.as_mut(), earlier.gamma) {
+            *g = g.min(o);
+        }
+        self.probes = (self.probes.max(1) + earlier.probes.max(1)).min(MAX_PROBES);
         self
     }
 
@@ -455,6 +519,9 @@ impl Costs {
     /// The text form (see the module documentation); [`Costs::parse`] reads it back.
     pub fn to_text(&self) -> String {
         let mut s = format!("{FORMAT}\nsource {}\nranks {}\n", self.source, self.ranks);
+        if self.probes > 0 {
+            let _ = writeln!(s, "probes {}", self.probes);
+        }
         for c in AREA_COLLECTIVES {
             for way in WAYS {
                 for in_place in [false, true] {
@@ -511,7 +578,7 @@ impl Costs {
             Some((_, first)) if first == FORMAT => {}
             _ => return Err(format!("line 1: not {FORMAT:?}")),
         }
-        let (mut source, mut ranks) = (String::new(), 0);
+        let (mut source, mut ranks, mut probes) = (String::new(), 0, 0);
         let mut curves: [Option<Curve>; SLOTS] = std::array::from_fn(|_| None);
         let mut links = [None; LinkKind::ALL.len()];
         let mut gamma = None;
@@ -527,6 +594,15 @@ impl Costs {
             }
             if let Some(r) = line.strip_prefix("ranks ") {
                 ranks = r.trim().parse().map_err(|_| bad("not a rank count"))?;
+                continue;
+            }
+            if let Some(r) = line.strip_prefix("probes ") {
+                probes = r
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|&p| (1..=MAX_PROBES).contains(&p))
+                    .ok_or_else(|| bad(&format!("not a probe count from 1 to {MAX_PROBES}")))?;
                 continue;
             }
             // `name=seconds`, in range.
@@ -643,6 +719,7 @@ impl Costs {
         Ok(Costs {
             source,
             ranks,
+            probes,
             curves,
             links,
             gamma,
@@ -859,6 +936,66 @@ mod tests {
             }
         }
         assert_eq!(again.source(), d.source());
+    }
+
+    #[test]
+    fn a_probe_joined_with_an_earlier_one_keeps_each_points_fastest_and_counts_them() {
+        let k = key(Way::TwoShot, false);
+        let other = key(Way::OneShot, true);
+        let link = |alpha, beta, s| LinkCost {
+            alpha,
+            beta,
+            stream: Some((64 << 20, s)),
+        };
+        let now = Costs::from_points(
+            "now",
+            2,
+            [
+                (k, vec![(8, 1e-6), (4096, 9e-6), (1 << 20, 2e-4)]),
+                (other, vec![(8, 5e-7)]),
+            ],
+        )
+        .with_link(LinkKind::Shm, link(2e-6, 1e-10, 4e-10))
+        .with_gamma(3e-11)
+        .with_overhead(1e-6)
+        .with_probes(1);
+        // The earlier probe: slower at 8 B, faster at 4 KiB, a size the new one lacks, no
+        // curve of the other key; its link faster in α only.
+        let earlier = Costs::from_points(
+            "then",
+            2,
+            [(k, vec![(8, 3e-6), (4096, 4e-6), (65536, 1e-9)])],
+        )
+        .with_link(LinkKind::Shm, link(1e-6, 3e-10, 2e-10))
+        .with_gamma(5e-11)
+        .with_overhead(9e-6)
+        .with_probes(2);
+        let j = now.clone().fastest_of(&earlier);
+        assert_eq!(j.probes(), 3);
+        assert_eq!((j.source(), j.ranks()), ("now", 2));
+        assert_eq!(j.estimate(k, 8), Some(1e-6));
+        assert_eq!(j.estimate(k, 4096), Some(4e-6));
+        assert_eq!(j.estimate(k, 1 << 20), Some(2e-4));
+        // Sizes only the earlier probe measured are not taken: the new one's grid stands, and
+        // 64 KiB lies on the line through the joined 4 KiB and 1 MiB points.
+        let line = 4e-6 + (2e-4 - 4e-6) * (65536.0 - 4096.0) / ((1 << 20) - 4096) as f64;
+        assert!((j.estimate(k, 65536).unwrap() - line).abs() < 1e-12);
+        assert_eq!(j.estimate(other, 8), Some(5e-7));
+        assert_eq!(j.link(LinkKind::Shm), Some(link(1e-6, 1e-10, 2e-10)));
+        assert_eq!((j.gamma(), j.overhead()), (Some(3e-11), Some(1e-6)));
+        // A table without a count (before counts were kept, or a fresh probe) counts as one.
+        let plain = Costs::from_points("old", 2, [(k, vec![(8, 2e-6)])]);
+        assert_eq!(plain.probes(), 0);
+        assert_eq!(plain.clone().fastest_of(&plain).probes(), 2);
+        // The count reads back; a table without one has none; zero or absurd counts are refused.
+        let text = j.to_text();
+        assert!(text.contains("\nprobes 3\n"), "{text}");
+        assert_eq!(Costs::parse(&text).unwrap().probes(), 3);
+        assert!(!plain.to_text().contains("probes"));
+        for bad in ["probes 0", "probes two", "probes 1001"] {
+            let e = Costs::parse(&format!("{FORMAT}\n{bad}\n")).unwrap_err();
+            assert!(e.contains("line 2: not a probe count"), "{bad}: {e}");
+        }
     }
 
     #[test]

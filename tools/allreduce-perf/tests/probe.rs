@@ -1,6 +1,7 @@
 //! A host with nothing cached is probed at the first communicator's creation, and the probe is
-//! cached for the next ones of that rank count: through the benchmark's own ranks (processes),
-//! as a user's first run would meet it.
+//! cached for the next ones of that rank count, which probe again until it is the fastest of
+//! `PROBE_ROUNDS` probes: through the benchmark's own ranks (processes), as a user's first runs
+//! would meet it.
 
 mod util;
 
@@ -72,9 +73,43 @@ fn a_fresh_host_is_probed_once_and_the_probe_is_cached() {
         }
     }
 
-    // The next communicator of 2 ranks finds it; `probe` probes again, `defaults` never.
+    assert_eq!(costs.probes(), 1);
+
+    // The next communicators of 2 ranks probe again until the file is made of PROBE_ROUNDS
+    // probes, rank 0 keeping each point's fastest; then they take it as it is.
+    let mut last = costs;
+    for round in 2..=oxccl::PROBE_ROUNDS {
+        let o = run_in(&cache, None);
+        assert_eq!(probes(&o), 2, "round {round}: {}", stderr(&o));
+        let now = oxccl::tune::Costs::parse(&std::fs::read_to_string(&files[0]).unwrap())
+            .expect("the joined table parses");
+        assert_eq!(now.probes(), round);
+        assert!(
+            now.source()
+                .ends_with(&format!("each point the fastest of {round} probes")),
+            "{}",
+            now.source()
+        );
+        // No point got slower than it was.
+        for way in [oxccl::tune::Way::OneShot, oxccl::tune::Way::TwoShot] {
+            for bytes in [8, 4096, 1 << 20] {
+                let (was, is) = (
+                    last.estimate(key(way), bytes),
+                    now.estimate(key(way), bytes),
+                );
+                assert!(
+                    is.unwrap() <= was.unwrap(),
+                    "{way:?} {bytes}: {is:?} > {was:?}"
+                );
+            }
+        }
+        last = now;
+    }
     assert_eq!(probes(&run_in(&cache, None)), 0);
+    // `probe` probes again and starts the count over; `defaults` never probes.
     assert_eq!(probes(&run_in(&cache, Some("probe"))), 2);
+    let again = oxccl::tune::Costs::parse(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!(again.probes(), 1);
     assert_eq!(probes(&run_in(&cache, Some("defaults"))), 0);
     let _ = std::fs::remove_dir_all(&cache);
 }

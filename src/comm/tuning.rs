@@ -185,7 +185,9 @@ impl Calibration {
     /// would take longer than the rest of the probe). Without the links the measured ways
     /// would be priced against the defaults' links, which a slower machine makes look cheap
     /// (on a 2-core Xeon VM, 2026-12-02, such a probe sent the 8 MiB reduce over the ring,
-    /// 1.58 ms against 0.88 through the area).
+    /// 1.58 ms against 0.88 through the area). A probe run by
+    /// [`Communicator::calibrate_with`] is joined with the probe cached for the host and rank
+    /// count, as at creation (see [`PROBE_ROUNDS`]).
     pub fn probe() -> Calibration {
         let mut sizes = vec![8];
         sizes.extend((12..=20).map(|k| 1usize << k));
@@ -266,7 +268,10 @@ impl Communicator {
                 env!("CARGO_PKG_VERSION"),
                 kept.source()
             );
-            kept.with_source(&source).with_ranks(self.size())
+            // A calibration's table, not a probe's, whatever the kept one was.
+            kept.with_source(&source)
+                .with_ranks(self.size())
+                .with_probes(0)
         };
         for (kind, mut cost) in self.measure_links(!probe)? {
             // A probe times no streaming transfer (64 MiB): the table's streaming rate, in
@@ -397,9 +402,12 @@ impl Communicator {
         Ok(costs)
     }
 
-    /// Rank 0's probe just made, joined with the probe cached for this host and rank count if
-    /// that one is made of fewer than [`PROBE_ROUNDS`] probes (each point the faster of the
-    /// two, [`Costs::fastest_of`]); else the probe alone, counted as one.
+    /// Rank 0's probe just made, joined with the probe cached for this host and rank count
+    /// (each point the faster of the two, [`Costs::fastest_of`]); the probe alone, counted as
+    /// one, where nothing is cached or `OXCCL_TUNE=probe` asked for a probe over a cached one
+    /// already made of [`PROBE_ROUNDS`] (the count starts over). Under `cache` the cached one
+    /// is joined whatever its count is now: another process may have finished it since rank 0
+    /// read it at creation.
     fn with_earlier_probes(&self, probed: Costs) -> Costs {
         let probed = probed.with_probes(1);
         let host = &self.inner.topo.hosts[0];
@@ -407,13 +415,17 @@ impl Communicator {
             return probed;
         };
         match load(&path, self.size()) {
-            Ok(earlier) if earlier.probes().max(1) < PROBE_ROUNDS => {
+            Ok(earlier)
+                if !(self.inner.config.tune == Tune::Probe
+                    && earlier.probes().max(1) >= PROBE_ROUNDS) =>
+            {
+                let joined = probed.fastest_of(&earlier);
                 let source = format!(
                     "{}; each point the fastest of {} probes",
-                    probed.source(),
-                    earlier.probes().max(1) + 1
+                    joined.source(),
+                    joined.probes()
                 );
-                probed.fastest_of(&earlier).with_source(&source)
+                joined.with_source(&source)
             }
             _ => probed,
         }

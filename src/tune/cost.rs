@@ -393,9 +393,11 @@ impl Costs {
 
     /// These costs (a probe's, just made) joined with `earlier` (an earlier probe's of the same
     /// machine and rank count): at every size both curves of a key measured, the faster time;
-    /// every link's α, β and streaming β the smaller; the fold rate the faster; the rest
-    /// (other sizes, the per-message overhead, the source) these costs'. The probe count is
-    /// one more than `earlier`'s (at least 1 each).
+    /// the links and the per-message overhead together from the one whose links' α (summed
+    /// over the kinds, where both measured the same kinds) is the smaller, since a probe fits
+    /// α's scale and the overhead to the same timed calls; the fold rate the faster; the rest
+    /// (other sizes, the source) these costs'. The probe count is the sum of both (each at
+    /// least 1).
     ///
     /// A probe lasts about a second, and a machine can be slow for seconds at a time: the
     /// 2-core VM of 2026-12-02 ran the staged 64 KiB reduce in 3.8-4.2 µs in one state and
@@ -414,17 +416,15 @@ impl Costs {
                 }
             }
         }
-        for (link, old) in self.links.iter_mut().zip(&earlier.links) {
-            let (Some(l), Some(o)) = (link.as_mut(), old) else {
-                continue;
-            };
-            l.alpha = l.alpha.min(o.alpha);
-            l.beta = l.beta.min(o.beta);
-            if let (Some((b, s)), Some((ob, os))) = (l.stream.as_mut(), o.stream)
-                && *b == ob
-            {
-                *s = s.min(os);
-            }
+        let same_kinds = self
+            .links
+            .iter()
+            .zip(&earlier.links)
+            .all(|(a, b)| a.is_some() == b.is_some());
+        let alpha = |c: &Costs| c.links.iter().flatten().map(|l| l.alpha).sum::<f64>();
+        if same_kinds && alpha(earlier) < alpha(&self) {
+            self.links = earlier.links;
+            self.overhead = earlier.overhead;
         }
         if let (Some(g), Some(o)) = (self.gamma.as_mut(), earlier.gamma) {
             *g = g.min(o);
@@ -597,6 +597,9 @@ impl Costs {
                 continue;
             }
             if let Some(r) = line.strip_prefix("probes ") {
+                if probes != 0 {
+                    return Err(bad("probes given twice"));
+                }
                 probes = r
                     .trim()
                     .parse()
@@ -960,7 +963,7 @@ mod tests {
         .with_overhead(1e-6)
         .with_probes(1);
         // The earlier probe: slower at 8 B, faster at 4 KiB, a size the new one lacks, no
-        // curve of the other key; its link faster in α only.
+        // curve of the other key; its link faster in α, slower in β.
         let earlier = Costs::from_points(
             "then",
             2,
@@ -981,8 +984,21 @@ mod tests {
         let line = 4e-6 + (2e-4 - 4e-6) * (65536.0 - 4096.0) / ((1 << 20) - 4096) as f64;
         assert!((j.estimate(k, 65536).unwrap() - line).abs() < 1e-12);
         assert_eq!(j.estimate(other, 8), Some(5e-7));
-        assert_eq!(j.link(LinkKind::Shm), Some(link(1e-6, 1e-10, 2e-10)));
-        assert_eq!((j.gamma(), j.overhead()), (Some(3e-11), Some(1e-6)));
+        // The links and the overhead as a pair, from the probe of the smaller α; the faster
+        // fold rate.
+        assert_eq!(j.link(LinkKind::Shm), earlier.link(LinkKind::Shm));
+        assert_eq!((j.gamma(), j.overhead()), (Some(3e-11), Some(9e-6)));
+        let k2 = now
+            .clone()
+            .with_link(LinkKind::Shm, link(5e-7, 1e-10, 4e-10));
+        let j2 = k2.clone().fastest_of(&earlier);
+        assert_eq!(j2.link(LinkKind::Shm), k2.link(LinkKind::Shm));
+        assert_eq!(j2.overhead(), Some(1e-6));
+        // Links of other kinds are not compared: the new probe's stand.
+        let tcp = earlier
+            .clone()
+            .with_link(LinkKind::Tcp, link(1e-7, 1e-11, 1e-11));
+        assert_eq!(now.clone().fastest_of(&tcp).link(LinkKind::Tcp), None);
         // A table without a count (before counts were kept, or a fresh probe) counts as one.
         let plain = Costs::from_points("old", 2, [(k, vec![(8, 2e-6)])]);
         assert_eq!(plain.probes(), 0);
@@ -996,6 +1012,8 @@ mod tests {
             let e = Costs::parse(&format!("{FORMAT}\n{bad}\n")).unwrap_err();
             assert!(e.contains("line 2: not a probe count"), "{bad}: {e}");
         }
+        let e = Costs::parse(&format!("{FORMAT}\nprobes 1\nprobes 2\n")).unwrap_err();
+        assert!(e.contains("line 3: probes given twice"), "{e}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ fn probes(o: &Output) -> usize {
 }
 
 #[test]
-fn a_fresh_host_is_probed_once_and_the_probe_is_cached() {
+fn a_fresh_host_is_probed_by_its_first_processes_and_the_joined_probe_is_cached() {
     let cache = scratch("xdg");
     std::fs::create_dir_all(&cache).unwrap();
     let first = run_in(&cache, None);

@@ -122,8 +122,24 @@ struct State {
 /// Slots of [`State::decided`] (a power of two).
 const DECIDED: usize = 64;
 
-/// A cached decision: (collective, bytes, (in place, on device)) and the decision.
-type Decided = (algo::Collective, usize, (bool, bool), Decision);
+/// A cached decision: its [`decided_key`] and the decision.
+type Decided = (u64, Decision);
+
+/// Everything a routing decision depends on besides what is fixed per communicator —
+/// collective, bytes, placement (in place, on device) — in one word; `u64::MAX` (never
+/// cached) for sizes of 2^52 bytes or more.
+#[inline]
+fn decided_key(plan: &Plan, bytes: usize) -> u64 {
+    if bytes as u64 >= 1 << 52 {
+        return u64::MAX;
+    }
+    (bytes as u64) << 12
+        | (plan.collective as u64) << 2
+        | u64::from(plan.in_place) << 1
+        | u64::from(plan.on_device)
+}
+// The collective's number fits the key's 10 bits.
+const _: () = assert!(algo::Collective::ALL.len() <= 1 << 10);
 
 const CACHE_ENTRIES: usize = 64;
 
@@ -453,12 +469,20 @@ impl Communicator {
         {
             let seq = st.collectives;
             st.collectives += 1;
-            let mark = self
-                .inner
-                .trace
-                .collective(seq, &plan, decision.route, true);
-            // A call of the one-turn lane that succeeds is recorded without its end time.
-            return match st.engine.run_area_now((plan, way, seq), input, output) {
+            // A call of the one-turn lane is recorded without reading the clock unless it
+            // waits or fails.
+            let lane = st.engine.lane(&plan, way);
+            let mark = if lane {
+                self.inner.trace.lane_call(seq, &plan, decision.route)
+            } else {
+                self.inner
+                    .trace
+                    .collective(seq, &plan, decision.route, true)
+            };
+            return match st
+                .engine
+                .run_area_now((plan, way, seq), lane, input, output)
+            {
                 Ok(true) => {
                     self.inner.trace.done_untimed(mark);
                     Ok(())
@@ -503,19 +527,31 @@ impl Inner {
     }
 
     /// The routing decision for `plan`, logging the priced candidates once per collective,
-    /// size class and placement when `oxccl::tune` logs at debug level.
+    /// size class and placement when `oxccl::tune` logs at debug level. A repeated call finds
+    /// its decision by one word (the key) in [`State::decided`].
+    #[inline]
     fn decide(&self, st: &mut State, plan: &Plan) -> Decision {
         let bytes = plan.count.saturating_mul(plan.dtype.size());
-        let slot = (bytes.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32
-            ^ plan.collective as usize
-            ^ usize::from(plan.in_place) << 4
-            ^ usize::from(plan.on_device) << 5)
-            % DECIDED;
-        if let Some((c, b, p, d)) = &st.decided[slot]
-            && (*c, *b, *p) == (plan.collective, bytes, (plan.in_place, plan.on_device))
+        let key = decided_key(plan, bytes);
+        let slot =
+            (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - DECIDED.trailing_zeros())) as usize;
+        if let Some((k, d)) = &st.decided[slot]
+            && *k == key
         {
             return d.clone();
         }
+        self.decide_anew(st, plan, (bytes, key, slot))
+    }
+
+    /// [`Inner::decide`] where no decision is cached: prices, caches (in `slot` under `key`,
+    /// unless the size is too large for a key) and logs.
+    #[inline(never)]
+    fn decide_anew(
+        &self,
+        st: &mut State,
+        plan: &Plan,
+        (bytes, key, slot): (usize, u64, usize),
+    ) -> Decision {
         let st = &mut *st;
         let d = tune::decide(
             plan,
@@ -525,12 +561,9 @@ impl Inner {
             &self.hosts,
             &mut st.prices,
         );
-        st.decided[slot] = Some((
-            plan.collective,
-            bytes,
-            (plan.in_place, plan.on_device),
-            d.clone(),
-        ));
+        if key != u64::MAX {
+            st.decided[slot] = Some((key, d.clone()));
+        }
         if tracing::enabled!(target: "oxccl::tune", tracing::Level::DEBUG) {
             let class = usize::BITS - bytes.leading_zeros();
             if st.logged.len() < 4096

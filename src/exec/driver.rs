@@ -569,17 +569,24 @@ impl Engine {
         op.settle(&self.recorder, r);
     }
 
-    /// Runs area all-reduce `seq` now, on the calling thread, when nothing is queued or
-    /// running (the blocking form's path: no queue, no result slot). `Ok(true)`: it ran in
-    /// the one-turn lane ([`AreaPath::small`]).
+    /// Whether `plan`, sent `way`, is a call of the area's one-turn lane ([`AreaPath::small`]).
+    #[inline]
+    pub fn lane(&self, plan: &Plan, way: Way) -> bool {
+        self.area.as_ref().is_some_and(|a| a.small(plan, way))
+    }
+
+    /// Runs area call `seq` now, on the calling thread, when nothing is queued or running
+    /// (the blocking form's path: no queue, no result slot); `lane`: [`Engine::lane`] says it
+    /// is a call of the one-turn lane. `Ok(true)`: it ran in that lane.
     #[inline]
     pub fn run_area_now(
         &mut self,
         (plan, way, seq): (Plan, Way, u64),
+        lane: bool,
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Result<bool> {
-        if let Some(r) = self.run_area_small((plan, way, seq), input, output) {
+        if lane && let Some(r) = self.run_area_small((plan, way, seq), input, output) {
             return r.map(|()| true);
         }
         let name = OpName::Collective(plan.collective, seq);
@@ -603,9 +610,9 @@ impl Engine {
             .map(|()| false)
     }
 
-    /// A small call of the area's one-turn lane ([`AreaPath::small`]), run without the
-    /// layers; `None` (nothing done) where the call is not one, or where anything would make
-    /// it fail (the general path says how).
+    /// A call of the area's one-turn lane ([`AreaPath::small`]: the caller looked), run
+    /// without the layers; `None` (nothing done) where anything would make it fail (the
+    /// general path says how).
     #[inline]
     fn run_area_small(
         &mut self,
@@ -613,8 +620,7 @@ impl Engine {
         input: (*const u8, usize),
         output: (*mut u8, usize),
     ) -> Option<Result<()>> {
-        if !self.area.as_ref()?.small(&plan, way)
-            || self.busy()
+        if self.busy()
             || self.flags.is_aborted()
             || self.broken.is_some()
             || self.dead.iter().any(Option::is_some)

@@ -170,7 +170,9 @@ fn one(traces: &[&Trace]) -> String {
         .filter_map(|w| {
             let r = by_rank.get(w)?;
             let e = r.calls.get(&seq)?;
-            (e.state == CallState::Failed).then(|| r.unix(e.end_ns.unwrap_or(e.begin_ns)))
+            (e.state == CallState::Failed)
+                .then(|| e.end_ns.or(e.begin_ns).map(|t| r.unix(t)))
+                .flatten()
         })
         .min();
     let mut absent = Vec::new();
@@ -181,7 +183,11 @@ fn one(traces: &[&Trace]) -> String {
             None => silent.push(rank),
             Some(r) => match r.calls.get(&seq) {
                 None if r.would_hold(seq) => absent.push(rank),
-                Some(e) if gave_up.is_some_and(|g| r.unix(e.begin_ns) > g) => late.push(rank),
+                // A lane call that never waited has no begin time: it was not late (it found
+                // everybody there).
+                Some(e) if gave_up.is_some_and(|g| e.begin_ns.is_some_and(|b| r.unix(b) > g)) => {
+                    late.push(rank)
+                }
                 _ => {}
             },
         }
@@ -455,7 +461,7 @@ mod tests {
             state,
             peer,
             step: None,
-            begin_ns: seq * 1000,
+            begin_ns: Some(seq * 1000),
             end_ns: (state == CallState::Done || state == CallState::Failed)
                 .then_some(seq * 1000 + 10),
         }
@@ -547,7 +553,7 @@ mod tests {
         }
         let mut late = done(5);
         let mut e = entry(5, "all_reduce", CallState::Failed, Some(0));
-        e.begin_ns = 9_000_000;
+        e.begin_ns = Some(9_000_000);
         late.push(e);
         ts.push(trace(3, 4, "peer failed", late));
         assert_eq!(

@@ -12,8 +12,9 @@
 //! version odd, writes, makes it even; a reader copies and retries if the version moved). Only
 //! the thread holding the communicator's state lock writes, so writers never race one another;
 //! a reader (a dump from the signal thread) never blocks them. A call costs two clock reads and
-//! a dozen relaxed stores (`benches/trace.rs`); a call of the area's one-turn lane that
-//! succeeds, one clock read (its end is recorded untimed).
+//! a dozen relaxed stores (`benches/trace.rs`); a call of the area's one-turn lane, none
+//! unless it waits or fails: its begin is read when it first waits (so a call that hangs has
+//! one) or fails, and its end only if it fails.
 //!
 //! # Where dumps go
 //!
@@ -42,8 +43,9 @@ use crate::types::{DataType, Rank, ReduceOp};
 pub const DEFAULT_ENTRIES: usize = 2000;
 /// Most calls a recorder may keep (72 MiB of slots).
 pub const MAX_ENTRIES: usize = 1 << 20;
-/// The version of the dump format ([`Trace::format`]).
-pub const FORMAT: u32 = 1;
+/// The version of the dump format ([`Trace::format`]). 2: an entry's `begin_ns` may be null
+/// (a call of the area's one-turn lane that neither waited nor failed); readers of 2 read 1.
+pub const FORMAT: u32 = 2;
 
 /// One rank's dump of one communicator's recent calls.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,8 +114,11 @@ pub struct TraceEntry {
     /// Steps of its schedule done when it was last seen waiting (or area turns for calls
     /// through the shared area).
     pub step: Option<u64>,
-    /// When it was called, in nanoseconds since the recorder started.
-    pub begin_ns: u64,
+    /// When it was called, in nanoseconds since the recorder started. For a call of the
+    /// area's one-turn lane, when it first had to wait (within a microsecond of its call, the
+    /// few hundred instructions before its first look at a peer), or when it failed; `None`
+    /// for one that did neither (its time is not read: a clock read is a tenth of such a call).
+    pub begin_ns: Option<u64>,
     /// When it ended, in nanoseconds since the recorder started; `None` while it runs, and
     /// for a call of the area's one-turn lane that succeeded (its end is not timed).
     pub end_ns: Option<u64>,
@@ -258,7 +263,8 @@ const S_RUNNING: u64 = 2;
 const S_WAITING: u64 = 3;
 const S_DONE: u64 = 4;
 const S_FAILED: u64 = 5;
-/// The end time of a call recorded by [`Recorder::done_untimed`].
+/// The end time of a call recorded by [`Recorder::done_untimed`], and the begin time of a
+/// call of the one-turn lane ([`Recorder::lane_call`]) until it waits or fails.
 const UNTIMED: u64 = u64::MAX;
 
 /// What a change of a call's state does to its end time.
@@ -268,8 +274,6 @@ enum End {
     Open,
     /// Ended now: the clock.
     Now,
-    /// Ended, not timed ([`UNTIMED`]).
-    Untimed,
 }
 const PEER_BITS: u32 = 28;
 const STEP_MAX: u64 = (1 << 28) - 1;
@@ -411,9 +415,20 @@ impl Recorder {
         if self.slots.is_empty() {
             return Mark::NONE;
         }
+        let t = self.now();
+        self.begin_at(t, (seq, what, count, who), running)
+    }
+
+    /// [`Recorder::begin`] with begin time `t` (a reading, or [`UNTIMED`]).
+    #[inline(always)]
+    fn begin_at(
+        &self,
+        t: u64,
+        (seq, what, count, who): (u64, u64, u64, u64),
+        running: bool,
+    ) -> Mark {
         let id = self.next.load(Ordering::Relaxed);
         self.next.store(id + 1, Ordering::Relaxed);
-        let t = self.now();
         let state = if running { S_RUNNING } else { S_QUEUED };
         self.write(id, |s| {
             s.id.store(id, Ordering::Relaxed);
@@ -443,6 +458,34 @@ impl Recorder {
         )
     }
 
+    /// Records collective `seq` of `plan` on `route`, a call of the area's one-turn lane
+    /// running now, without reading the clock: its begin is read if it waits
+    /// ([`Recorder::waits`]) or fails, its end only if it fails ([`Recorder::done_untimed`]).
+    #[inline]
+    pub(crate) fn lane_call(&self, seq: u64, plan: &Plan, route: Route) -> Mark {
+        if self.slots.is_empty() {
+            return Mark::NONE;
+        }
+        let what = pack_what(KIND_COLLECTIVE, Some(plan), Some(route));
+        self.begin_at(
+            UNTIMED,
+            (seq, what, plan.count as u64, plan.root as u64),
+            true,
+        )
+    }
+
+    /// The running call waits for the first time: a lane call ([`Recorder::lane_call`])
+    /// takes its begin time now.
+    #[cold]
+    pub(crate) fn waits(&self) {
+        let m = Mark(self.current.load(Ordering::Relaxed));
+        let Some(s) = self.slot(m) else { return };
+        if s.begin.load(Ordering::Relaxed) == UNTIMED {
+            let t = self.now();
+            self.write(m.0, |s| s.begin.store(t, Ordering::Relaxed));
+        }
+    }
+
     /// Records a point-to-point group (queued) with `peers`; `seq` is its number with the first.
     pub(crate) fn point_to_point(&self, seq: u64, peers: &[Rank]) -> Mark {
         let first = peers.first().map_or(0, |&p| p as u64 & 0xFFFF_FFFF);
@@ -465,12 +508,19 @@ impl Recorder {
         let t = match end {
             End::Open => None,
             End::Now => Some(self.now()),
-            End::Untimed => Some(UNTIMED),
         };
+        // A lane call not timed yet that ends now (it failed, or the general path took it:
+        // at most a slot of data either way) began little before.
+        let begin = (matches!(end, End::Now) && s.begin.load(Ordering::Relaxed) == UNTIMED)
+            .then_some(t)
+            .flatten();
         self.write(m.0, |s| {
             s.state.store(state, Ordering::Relaxed);
             if let Some(t) = t {
                 s.end.store(t, Ordering::Relaxed);
+            }
+            if let Some(b) = begin {
+                s.begin.store(b, Ordering::Relaxed);
             }
         });
     }
@@ -504,7 +554,19 @@ impl Recorder {
     /// their begin unless a peer is late; their entries show no `end_ns`.
     #[inline]
     pub(crate) fn done_untimed(&self, m: Mark) {
-        self.finish(m, S_DONE, End::Untimed);
+        // `finish` for this one case, inline (a call of every small collective).
+        let Some(s) = self.slot(m) else { return };
+        let old = s.state.load(Ordering::Relaxed) & 0xFF;
+        if old == S_DONE || old == S_FAILED {
+            return;
+        }
+        self.write(m.0, |s| {
+            s.state.store(S_DONE, Ordering::Relaxed);
+            s.end.store(UNTIMED, Ordering::Relaxed);
+        });
+        if self.current.load(Ordering::Relaxed) == m.0 {
+            self.current.store(NO_ID, Ordering::Relaxed);
+        }
     }
 
     fn finish(&self, m: Mark, state: u64, end: End) {
@@ -573,7 +635,7 @@ impl Recorder {
             .filter_map(|s| self.read(s))
             .filter(|e| e.id >= oldest)
             .map(|mut e| {
-                e.begin_ns = ns(e.begin_ns);
+                e.begin_ns = e.begin_ns.map(&ns);
                 e.end_ns = e.end_ns.map(&ns);
                 e
             })
@@ -841,7 +903,7 @@ fn decode([id, seq, what, count, who, state, begin, end]: [u64; 8]) -> TraceEntr
         },
         peer,
         step,
-        begin_ns: begin,
+        begin_ns: (begin != UNTIMED).then_some(begin),
         end_ns: (code == S_DONE || code == S_FAILED)
             .then_some(end)
             .filter(|&e| e != UNTIMED),
@@ -963,6 +1025,58 @@ mod tests {
     fn recorder(n: usize) -> Arc<Recorder> {
         let c = Config::default().trace_entries(n).trace_signal(false);
         Recorder::new(&c, 1, 4, "t".into())
+    }
+
+    #[test]
+    fn a_lane_call_is_timed_only_once_it_waits_or_fails() {
+        let r = recorder(8);
+        let plan = Plan::new(Collective::Broadcast, 2, DataType::F32);
+        let route = Route::Area(Way::Staged);
+        // Never waits: no time at all.
+        let m0 = r.lane_call(0, &plan, route);
+        r.done_untimed(m0);
+        // Waits (twice; the first wait times it): a begin, no end.
+        let before = r.now();
+        let m1 = r.lane_call(1, &plan, route);
+        r.waits();
+        let ticks = |m: Mark| r.slots[r.index(m.0)].begin.load(Ordering::Relaxed);
+        let first = ticks(m1);
+        r.waits();
+        assert_eq!(ticks(m1), first, "a second wait does not time it again");
+        r.done_untimed(m1);
+        // Fails without waiting: begin and end, at its failure.
+        let m2 = r.lane_call(2, &plan, route);
+        r.end(m2, &Err(Error::InvalidArgument("x".into())));
+        // A timed call is not re-timed by a wait.
+        let m3 = r.collective(3, &plan, route, true);
+        let t3 = ticks(m3);
+        r.waits();
+        assert_eq!(ticks(m3), t3);
+        r.end(m3, &Ok(()));
+        let t = r.snapshot("requested");
+        let e = &t.entries;
+        assert_eq!(e.len(), 4);
+        assert_eq!(
+            (e[0].state, e[0].begin_ns, e[0].end_ns),
+            (CallState::Done, None, None)
+        );
+        // (Nanoseconds are scaled by the rate seen at each snapshot: compare within one.)
+        assert!(first != UNTIMED && first >= before);
+        assert!(e[1].begin_ns.is_some() && e[1].end_ns.is_none(), "{e:?}");
+        assert_eq!(e[2].state, CallState::Failed);
+        assert!(
+            e[2].begin_ns.is_some() && e[2].begin_ns == e[2].end_ns,
+            "{e:?}"
+        );
+        assert!(e[2].begin_ns >= e[1].begin_ns);
+        assert!(
+            e[3].begin_ns >= e[2].end_ns && e[3].end_ns >= e[3].begin_ns,
+            "{e:?}"
+        );
+        // blame's and oxccl-trace's readers take entries without a begin (the JSON round trip).
+        let back: Trace = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back.entries[0].begin_ns, None);
+        assert_eq!(back.entries, t.entries);
     }
 
     #[test]
@@ -1104,9 +1218,13 @@ mod tests {
         );
         // Times are nanoseconds since the start, in call order, each call ending after it began.
         for w in t.entries.windows(2) {
-            assert!(w[0].end_ns.unwrap() <= w[1].begin_ns, "{w:?}");
+            assert!(w[0].end_ns.unwrap() <= w[1].begin_ns.unwrap(), "{w:?}");
         }
-        assert!(t.entries.iter().all(|e| e.begin_ns <= e.end_ns.unwrap()));
+        assert!(
+            t.entries
+                .iter()
+                .all(|e| e.begin_ns.unwrap() <= e.end_ns.unwrap())
+        );
         assert!(t.entries[3].end_ns.unwrap() <= t.dumped_ns);
         // Not a power of two: the last 3 are shown.
         let r3 = recorder(3);

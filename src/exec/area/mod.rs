@@ -401,7 +401,14 @@ impl AreaPath {
     /// Our publication of turn `t` and rank `r`'s, when both are there and their calls differ
     /// (tag or length); `None` when they agree or one is not there yet. `Err(later)`: one of
     /// the two slots already holds a later turn.
+    #[inline]
     fn differs(&self, r: Rank, t: u64) -> std::result::Result<Option<(Published, Published)>, u64> {
+        // The tags and lengths first (most calls agree), the publications only where they
+        // differ.
+        let (ours, theirs) = (self.area.call_of(self.rank, t)?, self.area.call_of(r, t)?);
+        if ours.is_none() || theirs.is_none() || ours == theirs {
+            return Ok(None);
+        }
         let (ours, theirs) = (self.area.observe(self.rank, t)?, self.area.observe(r, t)?);
         Ok(match (ours, theirs) {
             (Some(o), Some(p)) if p.tag != o.tag || p.len != o.len => Some((o, p)),

@@ -66,6 +66,9 @@ impl<'a> Waiter<'a> {
         if self.started.is_none() {
             self.started = Some(now);
             self.checked = Some(now);
+            // A call of the one-turn lane is timed from here (its recorder entry has no
+            // begin time until it waits).
+            self.engine.recorder.waits();
         }
         now
     }

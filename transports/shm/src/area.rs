@@ -486,6 +486,24 @@ impl Area {
         }
     }
 
+    /// The tag and data length (without the place) rank `r` published for turn `seq`: what
+    /// [`Area::observe`] says of the call there, without working out where its data and
+    /// descriptor lie (the lagged check compares only these). Errors as `observe`.
+    #[inline]
+    pub fn call_of(&self, r: usize, seq: u64) -> Result<Option<(u64, u64)>, u64> {
+        let h = self.segments[r].head(seq);
+        let stamp = h.stamp.load(Ordering::Acquire);
+        if stamp == seq + 1 {
+            let tag = h.tag.load(Ordering::Relaxed);
+            return Ok(Some((tag, h.len.load(Ordering::Relaxed) & !IN_BUFFER)));
+        }
+        if stamp > seq + 1 {
+            Err(stamp - 1)
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Whether rank `r` has published turn `seq` (and so every turn before it).
     #[inline]
     pub fn published(&self, r: usize, seq: u64) -> bool {

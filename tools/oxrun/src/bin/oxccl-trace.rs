@@ -74,7 +74,8 @@ fn main() -> ExitCode {
             for e in &t.entries[skip..] {
                 let took = e
                     .end_ns
-                    .map(|end| format!("{:.1} µs", (end - e.begin_ns.min(end)) as f64 / 1e3))
+                    .zip(e.begin_ns)
+                    .map(|(end, b)| format!("{:.1} µs", (end - b.min(end)) as f64 / 1e3))
                     .unwrap_or_else(|| "-".into());
                 println!(
                     "    {:<28} {:<9} {:>10} {:<8} {:<22} {:<8} {}{}",

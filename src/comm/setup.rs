@@ -196,22 +196,33 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         let area = group.is_some() && one_host;
         tuning::hand_out(&store, &config, (&topo.hosts[0], size), area)?;
     }
-    store.set(&format!("ready/{rank}"), if direct { b"d" } else { b"1" })?;
+    // And whether it is crowded (shares its cores with more ranks than they are): the area's
+    // ring is wider where any rank is, for that rank's longer lag.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let crowded = topo.crowded(rank, cores);
+    let ready = [
+        if direct { b'd' } else { b'1' },
+        if crowded { b'c' } else { b'-' },
+    ];
+    store.set(&format!("ready/{rank}"), &ready)?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     store.wait(&keys, deadline)?;
     let (costs, then) = tuning::take(&store, rank, deadline)?;
-    let mut everyone_direct = direct;
-    if direct {
+    let (mut everyone_direct, mut anyone_crowded) = (direct, crowded);
+    if group.is_some() {
         for k in &keys {
-            everyone_direct &= store.get(k, deadline)? == b"d";
+            let v = store.get(k, deadline)?;
+            everyone_direct &= v.first() == Some(&b'd');
+            anyone_crowded |= v.get(1) == Some(&b'c');
         }
     }
 
     // The group area serves when every peer is reached over shared memory.
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let crowded = topo.crowded(rank, cores);
-    let area = group.map(|a| AreaPath::new(a, rank, everyone_direct, crowded));
+    let area = group.map(|a| {
+        let a = if anyone_crowded { a.widened() } else { a };
+        AreaPath::new(a, rank, everyone_direct, crowded)
+    });
     let flags = Arc::new(Flags::new());
     let liveness = match heartbeat {
         Some((socket, period)) => {

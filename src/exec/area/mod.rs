@@ -103,7 +103,8 @@ pub struct AreaPath {
     /// its own descriptors (a rank it reads nothing from may be up to `lag` turns behind).
     checked: Vec<AtomicU64>,
     /// How many turns this rank may run ahead of a rank it reads nothing from: [`LAG`], or
-    /// [`CROWDED_LAG`] where ranks outnumber cores (ranks may differ; see [`LAG`]).
+    /// [`CROWDED_LAG`] where ranks outnumber cores (ranks may differ; see [`LAG`]), half the
+    /// area's ring at most.
     lag: u64,
     /// Bytes of each rank's block in a staged piece where one buffer holds a piece of every
     /// rank's block ([`STAGE_BYTES`] / ranks).
@@ -126,6 +127,8 @@ impl AreaPath {
         let pace = if crowded { CROWDED } else { ROOMY };
         let checked = (0..area.len()).map(|_| AtomicU64::new(0)).collect();
         let shared_stage = STAGE_BYTES / area.len().max(1);
+        // The ring is wide where any rank is crowded (agreed at setup); half of it at most.
+        let lag = if crowded { CROWDED_LAG } else { LAG }.min(area.slots() / 2);
         AreaPath {
             area,
             rank,
@@ -133,7 +136,7 @@ impl AreaPath {
             scratch: Mutex::new(Vec::new()),
             pace,
             checked,
-            lag: if crowded { CROWDED_LAG } else { LAG },
+            lag,
             shared_stage,
         }
     }
@@ -354,9 +357,9 @@ impl AreaPath {
     /// Waits until every rank has published turn `upto`, and checks each one's descriptors
     /// of the turns not checked yet against ours (also those past `upto` already published,
     /// before `turn`). A rank's descriptor of turn `t` stays in its slot until it writes
-    /// `t + SLOTS`, for which it waits for this rank's `t + SLOTS - lag'` (its lag, at most
-    /// `SLOTS / 2`, as ours): so every turn from `turn - lag` on is still there, and earlier
-    /// ones were checked by earlier calls.
+    /// `t + slots`, for which it waits for this rank's `t + slots - lag'` (its lag, at most
+    /// `slots / 2`, as ours; one ring for all): so every turn from `turn - lag` on is still
+    /// there, and earlier ones were checked by earlier calls.
     #[inline(never)]
     fn catch_up(&self, w: &mut Waiter<'_>, turn: u64, upto: u64) -> Result<()> {
         for r in (0..self.area.len()).filter(|&r| r != self.rank) {

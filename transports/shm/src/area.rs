@@ -3,8 +3,9 @@
 //! in its own segment, and every rank reads what it needs. This module is the memory layout and
 //! the publish/observe protocol; what is computed lives in oxccl's executor.
 //!
-//! Each rank's segment holds a ring of [`SLOTS`] small slots, one per turn (`seq % SLOTS`),
-//! and two large buffers used alternately (`seq % 2`) by turns whose data does not fit a slot:
+//! Each rank's segment holds a ring of small slots, one per turn (`seq % slots`: [`SLOTS`], or
+//! [`WIDE_SLOTS`] in an area some rank of which is crowded, agreed at setup), and two large
+//! buffers used alternately (`seq % 2`) by turns whose data does not fit a slot:
 //!
 //! - writer (owner): writes data (in the slot, or in the large buffer) and descriptor, then
 //!   stores `seq + 1` into the slot's stamp (release);
@@ -13,7 +14,7 @@
 //!
 //! A rank reads what it needs of turn `seq` before it publishes `seq + 1`. Before it writes turn
 //! `seq`, its owner makes sure that every rank has published `seq - lag` (so, with
-//! `lag <= SLOTS / 2`, has finished with the slot, and its descriptor of that turn is still
+//! `lag <= slots / 2`, has finished with the slot, and its descriptor of that turn is still
 //! there to check), and for a large buffer that every rank has published `seq - 1`. So a rank
 //! that reads nothing from a peer in a turn (a broadcast's root, a reduce's other ranks) runs
 //! up to `lag` turns ahead of it instead of waiting for it every call ([`LAG`], or
@@ -43,31 +44,42 @@ pub const AREA_BYTES: usize = 4 << 20;
 /// ones in a large buffer.
 pub const SLOT_BYTES: usize = 4096;
 
-/// Small slots per rank, one per turn in a ring.
+/// Small slots per rank, one per turn in a ring, in an area where every rank has a core.
 pub const SLOTS: u64 = 64;
+
+/// Small slots per rank in an area where some rank is crowded ([`Area::widened`]), so that a
+/// crowded rank may run [`CROWDED_LAG`] turns ahead. Not every area: a ring this wide made
+/// 2-rank calls slower where each rank has a core (`allreduce-perf --ranks 2`, paired runs
+/// against 64 slots: 8-byte broadcast 1.09, 1 KiB all-reduce 1.06 of the time, 2026-12-02),
+/// its slots and the peer's falling out of the nearer caches.
+pub const WIDE_SLOTS: u64 = 256;
 
 /// How many turns a rank may run ahead of a peer it reads nothing from, where each rank has
 /// a core: a writer checks every rank's descriptor of turn `seq - LAG` before it writes turn
-/// `seq`. Any lag up to `SLOTS / 2` is safe, and ranks may use different ones: a rank's
-/// descriptor of turn `t` stays until it writes `t + SLOTS`, which waits for every checker to
-/// publish `t + SLOTS - lag` (the writer's lag), while a checker looks at it by its own turn
-/// `t + lag'` (the checker's lag), which comes first where `lag + lag' <= SLOTS`.
+/// `seq`. Any lag up to `slots / 2` is safe (the area's ring), and ranks may use different
+/// ones: a rank's descriptor of turn `t` stays until it writes `t + slots`, which waits for
+/// every checker to publish `t + slots - lag` (the writer's lag), while a checker looks at it
+/// by its own turn `t + lag'` (the checker's lag), which comes first where
+/// `lag + lag' <= slots`.
 pub const LAG: u64 = 8;
 
-/// The lag of ranks that outnumber the cores they run on ([`LAG`] otherwise). Such ranks take
-/// turns on the cores, and a broadcast's root or a reduce's other ranks that may run further
-/// ahead do more calls per turn: 4 ranks on 2 cores, 16 bytes, paired runs of the two builds,
-/// a broadcast took 0.49 of the time with 32 as with 8, a reduce 0.65, at 1440 bytes 0.71 and
+/// The lag of ranks that outnumber the cores they run on ([`LAG`] otherwise), in a ring of
+/// [`WIDE_SLOTS`]. Such ranks take turns on the cores, and a broadcast's root or a reduce's
+/// other ranks that may run further ahead do more calls per turn (each turn ends in context
+/// switches, a few µs each): 4 ranks on 2 cores, 16 bytes, paired runs of the two builds, a
+/// broadcast took 0.49 of the time with 32 as with 8, a reduce 0.65, at 1440 bytes 0.71 and
 /// 0.72, while all-reduce and all-gather (every rank reads every other) stayed within noise
-/// (2026-11-28).
-pub const CROWDED_LAG: u64 = SLOTS / 2;
-// Both at least 1 (a rank's first claim of a turn waits for the one before), and at most
-// `SLOTS / 2`, so that any two ranks' lags add up to `SLOTS` at most; that bound is exact: a
-// descriptor is checked in `claim` by the checker's turn `t + lag'`, so every path that
-// publishes a turn must `claim` it first.
-const _: () = assert!(1 <= LAG && LAG <= CROWDED_LAG && CROWDED_LAG <= SLOTS / 2);
+/// (2026-11-28); 128 against 32, 8 bytes, 0.85 and 0.98 (2026-12-02).
+pub const CROWDED_LAG: u64 = WIDE_SLOTS / 2;
+// Both at least 1 (a rank's first claim of a turn waits for the one before), and at most half
+// the ring they run in, so that any two ranks' lags add up to the ring at most; that bound is
+// exact: a descriptor is checked in `claim` by the checker's turn `t + lag'`, so every path
+// that publishes a turn must `claim` it first. A crowded rank's area is always wide.
+const _: () = assert!(1 <= LAG && LAG <= SLOTS / 2 && LAG <= CROWDED_LAG);
+const _: () = assert!(CROWDED_LAG <= WIDE_SLOTS / 2 && SLOTS.is_power_of_two());
+const _: () = assert!(WIDE_SLOTS.is_power_of_two() && SLOTS <= WIDE_SLOTS);
 
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR5");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR6");
 
 /// Bytes of the descriptor each buffer carries (what its owner called).
 pub const DESC_BYTES: usize = 48;
@@ -143,9 +155,14 @@ const fn slot_offset(k: usize) -> usize {
     size_of::<AreaHeader>().next_multiple_of(128) + k * SLOT
 }
 
-/// Where the header and the ring of slots end: the part every call touches, mapped when the
+/// Where the header and a ring of `slots` end: the part every call touches, mapped when the
 /// segment is (the large buffers are mapped as messages first reach them).
-const RING_END: usize = slot_offset(SLOTS as usize);
+const fn ring_end(slots: u64) -> usize {
+    slot_offset(slots as usize)
+}
+
+/// Where the widest ring ends: the layout has room for it in every area.
+const RING_END: usize = ring_end(WIDE_SLOTS);
 
 #[inline]
 fn buffer_offset(b: usize) -> usize {
@@ -174,7 +191,7 @@ impl AreaSegment {
         // A hint: without it, each of the first turns through the ring faulted its slot's
         // pages in, here and in every peer (`allreduce-perf -b 8 -e 32 -f 4 -w 5` on 2 ranks,
         // the 8-byte row, the first 64 calls: 7.0–8.4 µs a call before, 0.5–1.2 after).
-        let _ = seg.prefault(RING_END);
+        let _ = seg.prefault(ring_end(SLOTS));
         Ok(AreaSegment { seg })
     }
 
@@ -194,7 +211,7 @@ impl AreaSegment {
                 "not an oxccl area segment",
             ));
         }
-        let _ = seg.prefault(RING_END);
+        let _ = seg.prefault(ring_end(SLOTS));
         Ok(AreaSegment { seg })
     }
 
@@ -209,30 +226,28 @@ impl AreaSegment {
         unsafe { &*self.seg.as_ptr().cast::<AreaHeader>() }
     }
 
-    /// The head of the slot of turn `seq`.
+    /// The head of slot `k` (below [`WIDE_SLOTS`]).
     #[inline]
-    fn head(&self, seq: u64) -> &BufferHead {
-        let k = (seq % SLOTS) as usize;
+    fn head(&self, k: usize) -> &BufferHead {
         // SAFETY: slot heads lie inside the mapping (its length was checked), 64-aligned.
         unsafe { &*self.seg.as_ptr().add(slot_offset(k)).cast::<BufferHead>() }
     }
 
-    /// Where the data of turn `seq` lies: in its slot, or in its large buffer.
+    /// Where the data of turn `seq` lies: in its slot `k`, or in its large buffer.
     #[inline]
-    fn data(&self, seq: u64, in_buffer: bool) -> *mut u8 {
+    fn data(&self, seq: u64, k: usize, in_buffer: bool) -> *mut u8 {
         let at = if in_buffer {
             buffer_offset((seq % 2) as usize)
         } else {
-            slot_offset((seq % SLOTS) as usize) + HEAD
+            slot_offset(k) + HEAD
         };
         // SAFETY: slots and buffers lie inside the mapping.
         unsafe { self.seg.as_ptr().add(at) }
     }
 
-    /// The descriptor of turn `seq`, in its slot after the slot's data.
+    /// The descriptor in slot `k`, after the slot's data.
     #[inline]
-    fn desc(&self, seq: u64) -> *mut [u8; DESC_BYTES] {
-        let k = (seq % SLOTS) as usize;
+    fn desc(&self, k: usize) -> *mut [u8; DESC_BYTES] {
         // SAFETY: the descriptor follows the data inside the mapping (byte-aligned type).
         unsafe {
             self.seg
@@ -257,6 +272,8 @@ pub struct Area {
     /// Whether this process is registered for the kernel's global memory barrier
     /// ([`fenced_by_sleepers`]): then a change costs waking nobody no fence.
     light: bool,
+    /// Slots in the ring, less one: turn `seq` lies in slot `seq & mask`.
+    mask: u64,
 }
 
 /// Whether sleepers fence for wakers here: this process is registered for
@@ -316,7 +333,31 @@ impl Area {
             readable,
             direct,
             light: fenced_by_sleepers(),
+            mask: SLOTS - 1,
         }
+    }
+
+    /// The same area with a ring of [`WIDE_SLOTS`], for where some rank of it is crowded:
+    /// every rank must agree before any uses it (each rank's ring is read by every other).
+    pub fn widened(mut self) -> Area {
+        for s in &self.segments {
+            // A hint, as at creation: the rest of the ring, in this process's mappings.
+            let _ = s.seg.prefault(RING_END);
+        }
+        self.mask = WIDE_SLOTS - 1;
+        self
+    }
+
+    /// Slots in the ring: a lag may be half of it at most.
+    #[inline]
+    pub fn slots(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// The slot of turn `seq`.
+    #[inline(always)]
+    fn slot(&self, seq: u64) -> usize {
+        (seq & self.mask) as usize
     }
 
     /// Whether this rank can read and write every peer's memory directly (each peer held by a
@@ -429,17 +470,17 @@ impl Area {
     /// This rank's place for `bytes` (at most [`AREA_BYTES`]) of data of turn `seq`, to fill
     /// before [`Area::publish`]: the turn's slot, or ([`Area::in_buffer`]) its large buffer.
     /// Writable once every rank has published `seq - lag` (the writer's lag, at most
-    /// `SLOTS / 2`; [`Area::published`]), and for a large buffer `seq - 1`.
+    /// [`Area::slots`] / 2; [`Area::published`]), and for a large buffer `seq - 1`.
     #[inline]
     pub fn my_buffer(&self, seq: u64, bytes: usize) -> *mut u8 {
-        self.segments[self.rank].data(seq, Area::in_buffer(bytes))
+        self.segments[self.rank].data(seq, self.slot(seq), Area::in_buffer(bytes))
     }
 
     /// Rank `r`'s large buffer of turn `seq`, as mapped in this process: read it only where
     /// `r` says it wrote it for this turn (and keeps it until this rank is done).
     #[inline]
     pub fn buffer_of(&self, r: usize, seq: u64) -> *const u8 {
-        self.segments[r].data(seq, true).cast_const()
+        self.segments[r].data(seq, 0, true).cast_const()
     }
 
     /// Publishes this rank's turn `seq`: a descriptor, the length of the call's data `len`, and
@@ -447,10 +488,11 @@ impl Area {
     #[inline]
     pub fn publish(&self, seq: u64, desc: &[u8; DESC_BYTES], tag: u64, len: usize, bytes: usize) {
         let s = &self.segments[self.rank];
+        let k = self.slot(seq);
         // SAFETY: this rank owns its slot until it stamps it; peers read the descriptor only
         // after acquiring the stamp stored below.
-        unsafe { s.desc(seq).write(*desc) };
-        let h = s.head(seq);
+        unsafe { s.desc(k).write(*desc) };
+        let h = s.head(k);
         let flag = if Area::in_buffer(bytes) { IN_BUFFER } else { 0 };
         h.tag.store(tag, Ordering::Relaxed);
         h.len
@@ -460,12 +502,13 @@ impl Area {
     }
 
     /// Rank `r`'s publication of turn `seq` if it is there (its data valid until this rank
-    /// publishes `seq + 1`; its descriptor until every rank has published `seq + SLOTS - lag`,
+    /// publishes `seq + 1`; its descriptor until every rank has published `seq + slots - lag`,
     /// with `r`'s lag). A stamp beyond `seq` means `r` is already further: `Err`.
     #[inline]
     pub fn observe(&self, r: usize, seq: u64) -> Result<Option<Published>, u64> {
         let s = &self.segments[r];
-        let h = s.head(seq);
+        let k = self.slot(seq);
+        let h = s.head(k);
         let stamp = h.stamp.load(Ordering::Acquire);
         if stamp == seq + 1 {
             // Not clamped: a direct collective publishes its message length, larger than the
@@ -474,8 +517,8 @@ impl Area {
             let tag = h.tag.load(Ordering::Relaxed);
             return Ok(Some(Published {
                 tag,
-                desc: s.desc(seq),
-                data: s.data(seq, len & IN_BUFFER != 0),
+                desc: s.desc(k),
+                data: s.data(seq, k, len & IN_BUFFER != 0),
                 len: (len & !IN_BUFFER) as usize,
             }));
         }
@@ -491,7 +534,7 @@ impl Area {
     /// descriptor lie (the lagged check compares only these). Errors as `observe`.
     #[inline]
     pub fn call_of(&self, r: usize, seq: u64) -> Result<Option<(u64, u64)>, u64> {
-        let h = self.segments[r].head(seq);
+        let h = self.segments[r].head(self.slot(seq));
         let stamp = h.stamp.load(Ordering::Acquire);
         if stamp == seq + 1 {
             let tag = h.tag.load(Ordering::Relaxed);
@@ -508,7 +551,11 @@ impl Area {
     #[inline]
     pub fn published(&self, r: usize, seq: u64) -> bool {
         // A slot's stamps only grow: a later turn in the same slot is later still.
-        self.segments[r].head(seq).stamp.load(Ordering::Acquire) > seq
+        self.segments[r]
+            .head(self.slot(seq))
+            .stamp
+            .load(Ordering::Acquire)
+            > seq
     }
 
     /// Says this rank may touch peers' memory in direct collective `seq` from now on. Look at
@@ -686,7 +733,7 @@ mod tests {
     /// other's.
     fn round(areas: [&Area; 2]) {
         let desc = [7u8; DESC_BYTES];
-        for seq in 0..SLOTS {
+        for seq in 0..areas[0].slots() {
             for a in areas {
                 // SAFETY: this rank's place for 8 bytes of turn `seq`, which nobody reads before
                 // it is published.
@@ -712,13 +759,60 @@ mod tests {
         // mapped already and only the fresh pair's memory could fault below.
         let (a, b) = pair();
         round([&a, &b]);
+        for wide in [false, true] {
+            let (mut a, mut b) = pair();
+            if wide {
+                (a, b) = (a.widened(), b.widened());
+            }
+            let before = minor_faults();
+            round([&a, &b]);
+            let faults = minor_faults() - before;
+            assert_eq!(
+                faults,
+                0,
+                "the first trip around a fresh ring of {} took {faults} page faults",
+                a.slots()
+            );
+        }
+    }
+
+    /// Publishes turns `0..n` of rank 0, 8 bytes each (the turn's number).
+    fn publish_turns(a: &Area, n: u64) {
+        let desc = [3u8; DESC_BYTES];
+        for seq in 0..n {
+            // SAFETY: rank 0's place for 8 bytes of turn `seq`; nobody reads it meanwhile.
+            unsafe { a.my_buffer(seq, 8).cast::<u64>().write_unaligned(seq) };
+            a.publish(seq, &desc, tag(&desc), 8, 8);
+        }
+    }
+
+    /// A widened ring keeps a whole trip of [`WIDE_SLOTS`] turns, every one where the peer
+    /// finds it; a narrow one only the last [`SLOTS`] (an earlier turn's slot says it was
+    /// overwritten by a later turn).
+    #[test]
+    fn a_widened_ring_keeps_every_turn_of_a_trip_of_its_slots() {
         let (a, b) = pair();
-        let before = minor_faults();
-        round([&a, &b]);
-        let faults = minor_faults() - before;
-        assert_eq!(
-            faults, 0,
-            "the first trip around a fresh ring took {faults} page faults"
-        );
+        let (a, b) = (a.widened(), b.widened());
+        assert_eq!((a.slots(), b.slots()), (WIDE_SLOTS, WIDE_SLOTS));
+        publish_turns(&a, WIDE_SLOTS);
+        for seq in 0..WIDE_SLOTS {
+            let p = b
+                .observe(0, seq)
+                .unwrap()
+                .unwrap_or_else(|| panic!("turn {seq}"));
+            // SAFETY: published 8 bytes, left alone from here on.
+            assert_eq!(unsafe { p.data.cast::<u64>().read_unaligned() }, seq);
+            assert!(b.published(0, seq));
+        }
+        assert!(b.observe(0, WIDE_SLOTS).unwrap().is_none());
+
+        let (a, b) = pair();
+        assert_eq!(b.slots(), SLOTS);
+        publish_turns(&a, WIDE_SLOTS);
+        assert_eq!(b.observe(0, 0).err(), Some(WIDE_SLOTS - SLOTS));
+        let p = b.observe(0, WIDE_SLOTS - 1).unwrap().unwrap();
+        // SAFETY: as above.
+        let last = unsafe { p.data.cast::<u64>().read_unaligned() };
+        assert_eq!(last, WIDE_SLOTS - 1);
     }
 }

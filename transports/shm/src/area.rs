@@ -19,8 +19,8 @@
 //! that reads nothing from a peer in a turn (a broadcast's root, a reduce's other ranks) runs
 //! up to `lag` turns ahead of it instead of waiting for it every call ([`LAG`], or
 //! [`CROWDED_LAG`] where ranks outnumber cores), and a small collective
-//! costs one cache-line transfer per peer read: stamp, length, the descriptor's tag and the
-//! first 40 bytes of data share one line.
+//! costs one cache-line transfer per peer read: stamp, length, the descriptor's tag and up to
+//! 40 bytes of data share one line, and the heads of consecutive turns lie side by side.
 //!
 //! A direct collective (peers read each other's memory) also uses the `progress` word (parts
 //! of this rank's slice done) and the `done` counter (finished reading everybody's memory), and
@@ -79,30 +79,37 @@ const _: () = assert!(1 <= LAG && LAG <= SLOTS / 2 && LAG <= CROWDED_LAG);
 const _: () = assert!(CROWDED_LAG <= WIDE_SLOTS / 2 && SLOTS.is_power_of_two());
 const _: () = assert!(WIDE_SLOTS.is_power_of_two() && SLOTS <= WIDE_SLOTS);
 
-const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR6");
+const MAGIC: u64 = u64::from_le_bytes(*b"OXSHMAR7");
 
 /// Bytes of the descriptor each buffer carries (what its owner called).
 pub const DESC_BYTES: usize = 48;
 
 /// One slot's head: stamp, length and the descriptor's tag, followed in the same cache line
-/// by the first 40 bytes of data; the full descriptor lies after the data (read only when tags
-/// differ, to say how).
+/// by data of up to [`INLINE_BYTES`]; larger data lies in the slot's body. Heads lie side by
+/// side, one line each, and so do the full descriptors (read only when tags differ, to say
+/// how), so a ring of small calls walks through consecutive lines.
 #[repr(C, align(64))]
 struct BufferHead {
     /// `seq + 1` once the data of collective `seq` is published; 0 before any.
     stamp: AtomicU64,
-    /// Data length in bytes, with [`IN_BUFFER`] set when the data is in the large buffer.
+    /// Data length in bytes, with [`IN_BUFFER`] set when the data is in the large buffer,
+    /// [`IN_BODY`] when in the slot's body (neither: in this line).
     len: AtomicU64,
     /// [`tag`] of what the owner called at `seq`.
     tag: AtomicU64,
 }
 
-/// Where a slot's data starts, from its head.
+/// Where data in a head starts, from the head.
 const HEAD: usize = 24;
-/// A slot's span: head, data, full descriptor, rounded to cache lines.
-const SLOT: usize = (HEAD + SLOT_BYTES + DESC_BYTES).next_multiple_of(64);
+/// Bytes of data a head holds.
+const INLINE_BYTES: usize = 64 - HEAD;
 /// The bit of a head's `len` that says the data lies in the turn's large buffer.
 const IN_BUFFER: u64 = 1 << 63;
+/// The bit of a head's `len` that says the data lies in the slot's body.
+const IN_BODY: u64 = 1 << 62;
+/// The bits of a head's `len` that say where the data lies.
+const PLACE: u64 = IN_BUFFER | IN_BODY;
+const _: () = assert!(size_of::<BufferHead>() == 64 && DESC_BYTES <= 64);
 
 /// A 64-bit digest of a descriptor: equal descriptors have equal tags; a difference in any one
 /// word always changes it (each step is a bijection of the running value).
@@ -150,15 +157,29 @@ const PROGRESS_BITS: u32 = 24;
 /// Most parts a direct collective may publish progress for.
 pub const MAX_PARTS: u64 = (1 << PROGRESS_BITS) - 1;
 
+/// Where slot `k`'s head lies: heads follow the header, a line each.
 #[inline]
-const fn slot_offset(k: usize) -> usize {
-    size_of::<AreaHeader>().next_multiple_of(128) + k * SLOT
+const fn head_offset(k: usize) -> usize {
+    size_of::<AreaHeader>().next_multiple_of(128) + k * 64
 }
 
-/// Where the header and a ring of `slots` end: the part every call touches, mapped when the
-/// segment is (the large buffers are mapped as messages first reach them).
+/// Where slot `k`'s full descriptor lies: descriptors follow the heads, a line each.
+#[inline]
+const fn desc_offset(k: usize) -> usize {
+    head_offset(WIDE_SLOTS as usize) + k * 64
+}
+
+/// Where slot `k`'s body lies: bodies follow the descriptors, page-aligned.
+#[inline]
+const fn body_offset(k: usize) -> usize {
+    desc_offset(WIDE_SLOTS as usize).next_multiple_of(4096) + k * SLOT_BYTES
+}
+
+/// Where the header, the heads, the descriptors and the bodies of a ring of `slots` end: the
+/// part every call touches, mapped when the segment is (the large buffers are mapped as
+/// messages first reach them).
 const fn ring_end(slots: u64) -> usize {
-    slot_offset(slots as usize)
+    body_offset(slots as usize)
 }
 
 /// Where the widest ring ends: the layout has room for it in every area.
@@ -230,31 +251,29 @@ impl AreaSegment {
     #[inline]
     fn head(&self, k: usize) -> &BufferHead {
         // SAFETY: slot heads lie inside the mapping (its length was checked), 64-aligned.
-        unsafe { &*self.seg.as_ptr().add(slot_offset(k)).cast::<BufferHead>() }
+        unsafe { &*self.seg.as_ptr().add(head_offset(k)).cast::<BufferHead>() }
     }
 
-    /// Where the data of turn `seq` lies: in its slot `k`, or in its large buffer.
+    /// Where the data of turn `seq` lies, by its [`PLACE`] bits: in its slot `k`'s head or
+    /// body, or in its large buffer.
     #[inline]
-    fn data(&self, seq: u64, k: usize, in_buffer: bool) -> *mut u8 {
-        let at = if in_buffer {
+    fn data(&self, seq: u64, k: usize, place: u64) -> *mut u8 {
+        let at = if place & IN_BUFFER != 0 {
             buffer_offset((seq % 2) as usize)
+        } else if place & IN_BODY != 0 {
+            body_offset(k)
         } else {
-            slot_offset(k) + HEAD
+            head_offset(k) + HEAD
         };
         // SAFETY: slots and buffers lie inside the mapping.
         unsafe { self.seg.as_ptr().add(at) }
     }
 
-    /// The descriptor in slot `k`, after the slot's data.
+    /// The descriptor of slot `k`.
     #[inline]
     fn desc(&self, k: usize) -> *mut [u8; DESC_BYTES] {
-        // SAFETY: the descriptor follows the data inside the mapping (byte-aligned type).
-        unsafe {
-            self.seg
-                .as_ptr()
-                .add(slot_offset(k) + HEAD + SLOT_BYTES)
-                .cast()
-        }
+        // SAFETY: descriptors lie inside the mapping (byte-aligned type).
+        unsafe { self.seg.as_ptr().add(desc_offset(k)).cast() }
     }
 }
 
@@ -467,20 +486,32 @@ impl Area {
         bytes > SLOT_BYTES
     }
 
+    /// Where `bytes` of data for one turn go ([`PLACE`] bits).
+    #[inline(always)]
+    fn place(bytes: usize) -> u64 {
+        if bytes > SLOT_BYTES {
+            IN_BUFFER
+        } else if bytes > INLINE_BYTES {
+            IN_BODY
+        } else {
+            0
+        }
+    }
+
     /// This rank's place for `bytes` (at most [`AREA_BYTES`]) of data of turn `seq`, to fill
     /// before [`Area::publish`]: the turn's slot, or ([`Area::in_buffer`]) its large buffer.
     /// Writable once every rank has published `seq - lag` (the writer's lag, at most
     /// [`Area::slots`] / 2; [`Area::published`]), and for a large buffer `seq - 1`.
     #[inline]
     pub fn my_buffer(&self, seq: u64, bytes: usize) -> *mut u8 {
-        self.segments[self.rank].data(seq, self.slot(seq), Area::in_buffer(bytes))
+        self.segments[self.rank].data(seq, self.slot(seq), Area::place(bytes))
     }
 
     /// Rank `r`'s large buffer of turn `seq`, as mapped in this process: read it only where
     /// `r` says it wrote it for this turn (and keeps it until this rank is done).
     #[inline]
     pub fn buffer_of(&self, r: usize, seq: u64) -> *const u8 {
-        self.segments[r].data(seq, 0, true).cast_const()
+        self.segments[r].data(seq, 0, IN_BUFFER).cast_const()
     }
 
     /// Publishes this rank's turn `seq`: a descriptor, the length of the call's data `len`, and
@@ -493,10 +524,9 @@ impl Area {
         // after acquiring the stamp stored below.
         unsafe { s.desc(k).write(*desc) };
         let h = s.head(k);
-        let flag = if Area::in_buffer(bytes) { IN_BUFFER } else { 0 };
         h.tag.store(tag, Ordering::Relaxed);
         h.len
-            .store(len as u64 & !IN_BUFFER | flag, Ordering::Relaxed);
+            .store(len as u64 & !PLACE | Area::place(bytes), Ordering::Relaxed);
         h.stamp.store(seq + 1, Ordering::Release);
         self.ring();
     }
@@ -518,8 +548,8 @@ impl Area {
             return Ok(Some(Published {
                 tag,
                 desc: s.desc(k),
-                data: s.data(seq, k, len & IN_BUFFER != 0),
-                len: (len & !IN_BUFFER) as usize,
+                data: s.data(seq, k, len & PLACE),
+                len: (len & !PLACE) as usize,
             }));
         }
         if stamp > seq + 1 {
@@ -538,7 +568,7 @@ impl Area {
         let stamp = h.stamp.load(Ordering::Acquire);
         if stamp == seq + 1 {
             let tag = h.tag.load(Ordering::Relaxed);
-            return Ok(Some((tag, h.len.load(Ordering::Relaxed) & !IN_BUFFER)));
+            return Ok(Some((tag, h.len.load(Ordering::Relaxed) & !PLACE)));
         }
         if stamp > seq + 1 {
             Err(stamp - 1)
@@ -783,6 +813,39 @@ mod tests {
             // SAFETY: rank 0's place for 8 bytes of turn `seq`; nobody reads it meanwhile.
             unsafe { a.my_buffer(seq, 8).cast::<u64>().write_unaligned(seq) };
             a.publish(seq, &desc, tag(&desc), 8, 8);
+        }
+    }
+
+    /// Data of every size lands where a peer finds it, whole, with its length as given: in
+    /// the head (up to 40 bytes), the slot's body (up to a slot), or the large buffer; and
+    /// consecutive turns in each place leave each other's data alone.
+    #[test]
+    fn data_of_every_size_reaches_the_peer_from_head_body_or_buffer() {
+        let (a, b) = pair();
+        let desc = [5u8; DESC_BYTES];
+        let sizes = [0, 1, 39, 40, 41, 64, 1000, 4095, 4096, 4097, 9000];
+        let fill = |seq: u64, len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u64 * 31 + seq * 7 + 1) as u8)
+                .collect()
+        };
+        for (seq, &len) in (0u64..).zip(&sizes) {
+            let v = fill(seq, len);
+            // SAFETY: rank 0's place for `len` bytes of turn `seq` (at most a large buffer);
+            // nobody reads it before it is published.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), a.my_buffer(seq, len), len) };
+            a.publish(seq, &desc, tag(&desc), len, len);
+        }
+        // (Large buffers alternate: only the last two sizes go there, both still in place.)
+        for (seq, &len) in (0u64..).zip(&sizes) {
+            let p = b.observe(0, seq).unwrap().unwrap();
+            assert_eq!((p.len, p.tag), (len, tag(&desc)), "turn {seq}");
+            assert_eq!(b.call_of(0, seq), Ok(Some((tag(&desc), len as u64))));
+            // SAFETY: published `len` bytes, left alone from here on.
+            let got = unsafe { std::slice::from_raw_parts(p.data, len) };
+            assert_eq!(got, &fill(seq, len)[..], "turn {seq}, {len} bytes");
+            // SAFETY: the full descriptor, published with the stamp.
+            assert_eq!(unsafe { *p.desc }, desc);
         }
     }
 

@@ -1,5 +1,5 @@
-//! Small calls in one turn: a broadcast or a reduce whose data fit a slot, and the one-shot
-//! all-reduce of as much, run straight from the communicator's call ([`Engine::run_area_now`])
+//! Small calls in one turn: a broadcast, a reduce or an all-gather whose data fit a slot, an
+//! all-to-all whose blocks together do, and the one-shot all-reduce of as much, run straight from the communicator's call ([`Engine::run_area_now`])
 //! instead of through the layers every call of any size and way takes (the way's dispatch,
 //! the pieces, the generic exchange). The same turn, descriptor, lagged check, reads, folds,
 //! and failure checks as [`AreaPath::staged`] and the one-shot way take for such a call, so a
@@ -32,16 +32,27 @@ use crate::types::{Rank, ReduceOp};
 
 impl AreaPath {
     /// Whether `plan`, sent `way`, is a call of this lane: one turn, at most a slot of data
-    /// per rank.
+    /// per rank (an all-to-all publishes a block for every rank; the general path takes such
+    /// calls in one turn too, a piece being at least a slot).
     #[inline]
     pub fn small(&self, plan: &Plan, way: Way) -> bool {
-        let bytes = plan.count.saturating_mul(plan.dtype.size());
+        let block = plan.count.saturating_mul(plan.dtype.size());
+        let bytes = match plan.collective {
+            Collective::AllToAll => block.saturating_mul(self.area.len()),
+            _ => block,
+        };
         (1..=SLOT_BYTES).contains(&bytes)
             && !plan.on_device
             && matches!(
                 (plan.collective, way),
                 (Collective::AllReduce, Way::OneShot)
-                    | (Collective::Broadcast | Collective::Reduce, Way::Staged)
+                    | (
+                        Collective::Broadcast
+                            | Collective::Reduce
+                            | Collective::AllGather
+                            | Collective::AllToAll,
+                        Way::Staged
+                    )
             )
     }
 
@@ -104,25 +115,48 @@ impl AreaPath {
             && me != 0
             && n > 2;
         // What this rank publishes: the root's data (broadcast), everybody's but the root's
-        // (reduce), everybody's (all-reduce).
+        // (reduce), everybody's (all-reduce, all-gather; all-to-all: a block for every other
+        // rank, at its place, as the general path stages them).
         let publishes = match plan.collective {
             Collective::Broadcast => me == plan.root,
             Collective::Reduce => me != plan.root || staged_own,
             _ => true,
         };
-        let bytes = if publishes { len } else { 0 };
+        let all_to_all = plan.collective == Collective::AllToAll;
+        let bytes = match (publishes, all_to_all) {
+            (false, _) => 0,
+            (true, false) => len,
+            (true, true) => n * len,
+        };
         let mine = self.claim(&mut w, turn, bytes)?;
-        if publishes {
+        if all_to_all {
+            for q in (0..n).filter(|&q| q != me) {
+                // SAFETY: the input holds `n` blocks of `len` bytes (`Blocks::of`), which fit a
+                // slot together (`small`), and this rank may write its place (`claim`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(b.src.add(q * len), mine.add(q * len), len)
+                };
+            }
+        } else if publishes {
             // SAFETY: the input holds `len` readable bytes, which fit a slot (`small`), and this
             // rank may write its place (`claim`).
             unsafe { std::ptr::copy_nonoverlapping(b.src, mine, len) };
         }
         self.area.publish(turn, &desc, tag, len, bytes);
-        // The root's own copy once the others can read.
-        if plan.collective == Collective::Broadcast && publishes && !b.in_place {
-            // SAFETY: the root's input and output hold `len` bytes and do not overlap out of
-            // place (the raw API's contract).
-            unsafe { std::ptr::copy_nonoverlapping(b.src, b.dst, len) };
+        // Our own data once the others can read: the root's copy (broadcast), our block
+        // (all-gather, all-to-all); in place it is there already.
+        if !b.in_place {
+            let own = match plan.collective {
+                Collective::Broadcast if publishes => Some((0, 0)),
+                Collective::AllGather => Some((0, me * len)),
+                Collective::AllToAll => Some((me * len, me * len)),
+                _ => None,
+            };
+            if let Some((from, to)) = own {
+                // SAFETY: the input holds `from + len` bytes and the output `to + len`
+                // (`Blocks::of`), which do not overlap out of place (the raw API's contract).
+                unsafe { std::ptr::copy_nonoverlapping(b.src.add(from), b.dst.add(to), len) };
+            }
         }
         match plan.collective {
             Collective::Broadcast if me != plan.root => {
@@ -143,6 +177,27 @@ impl AreaPath {
             Collective::Reduce => self.read_all(&mut w, turn, call, mine, |r, data| {
                 self.fold_at_root(plan, &b, (0, len), staged_own, r, data)
             })?,
+            Collective::AllGather | Collective::AllToAll => {
+                // Our block of each peer's publication: its only one (all-gather), or the one
+                // at our place (all-to-all).
+                let at = if all_to_all { me * len } else { 0 };
+                self.read_all(&mut w, turn, call, mine, |r, data| {
+                    if r != me {
+                        // SAFETY: `data` is `r`'s area memory holding its publication (`len`
+                        // bytes, or `n` blocks of them), left alone until this rank publishes
+                        // the next turn; our output holds every block, and block `r` only we
+                        // touch (in place, an all-to-all's own blocks were published above).
+                        let (theirs, out) = unsafe {
+                            (
+                                Shared::new(data.add(at), len),
+                                std::slice::from_raw_parts_mut(b.dst.add(r * len), len),
+                            )
+                        };
+                        theirs.copy_to(out);
+                    }
+                    Ok(())
+                })?
+            }
             _ => self.read_all(&mut w, turn, call, mine, |r, data| {
                 self.fold_one_shot(plan, (b.src, b.dst), b.in_place, r, data)
             })?,

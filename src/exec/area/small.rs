@@ -1,5 +1,6 @@
 //! Small calls in one turn: a broadcast, a reduce or an all-gather whose data fit a slot, an
-//! all-to-all whose blocks together do, and the one-shot all-reduce of as much, run straight from the communicator's call ([`Engine::run_area_now`])
+//! all-to-all or a reduce-scatter whose blocks together do, and the one-shot all-reduce of as
+//! much, run straight from the communicator's call ([`Engine::run_area_now`])
 //! instead of through the layers every call of any size and way takes (the way's dispatch,
 //! the pieces, the generic exchange). The same turn, descriptor, lagged check, reads, folds,
 //! and failure checks as [`AreaPath::staged`] and the one-shot way take for such a call, so a
@@ -32,13 +33,16 @@ use crate::types::{Rank, ReduceOp};
 
 impl AreaPath {
     /// Whether `plan`, sent `way`, is a call of this lane: one turn, at most a slot of data
-    /// per rank (an all-to-all publishes a block for every rank; the general path takes such
+    /// per rank (an all-to-all or a reduce-scatter publishes a block for every rank; the
+    /// general path takes such
     /// calls in one turn too, a piece being at least a slot).
     #[inline]
     pub fn small(&self, plan: &Plan, way: Way) -> bool {
         let block = plan.count.saturating_mul(plan.dtype.size());
         let bytes = match plan.collective {
-            Collective::AllToAll => block.saturating_mul(self.area.len()),
+            Collective::AllToAll | Collective::ReduceScatter => {
+                block.saturating_mul(self.area.len())
+            }
             _ => block,
         };
         (1..=SLOT_BYTES).contains(&bytes)
@@ -50,7 +54,8 @@ impl AreaPath {
                         Collective::Broadcast
                             | Collective::Reduce
                             | Collective::AllGather
-                            | Collective::AllToAll,
+                            | Collective::AllToAll
+                            | Collective::ReduceScatter,
                         Way::Staged
                     )
             )
@@ -115,14 +120,17 @@ impl AreaPath {
             && me != 0
             && n > 2;
         // What this rank publishes: the root's data (broadcast), everybody's but the root's
-        // (reduce), everybody's (all-reduce, all-gather; all-to-all: a block for every other
-        // rank, at its place, as the general path stages them).
+        // (reduce), everybody's (all-reduce, all-gather; all-to-all and reduce-scatter: a block
+        // for every other rank, at its place, as the general path stages them).
         let publishes = match plan.collective {
             Collective::Broadcast => me == plan.root,
             Collective::Reduce => me != plan.root || staged_own,
             _ => true,
         };
-        let all_to_all = plan.collective == Collective::AllToAll;
+        let all_to_all = matches!(
+            plan.collective,
+            Collective::AllToAll | Collective::ReduceScatter
+        );
         let bytes = match (publishes, all_to_all) {
             (false, _) => 0,
             (true, false) => len,
@@ -198,6 +206,34 @@ impl AreaPath {
                     Ok(())
                 })?
             }
+            Collective::ReduceScatter => {
+                // Our block of every peer's publication folded into ours, ours first and then
+                // the peers' in rank order, as the general path folds (`scatter_piece`).
+                let (at, combiner) = (me * len, plan.op.combiner());
+                let mut first = !b.in_place;
+                self.read_all(&mut w, turn, call, mine, |r, data| {
+                    if r == me {
+                        return Ok(());
+                    }
+                    // SAFETY: our output holds our block, which only we touch (in place, the
+                    // input's block `me`, never published); `data` is `r`'s area memory holding
+                    // `n` blocks of `len` bytes, left alone until we publish the next turn.
+                    let (out, theirs) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(b.dst, len),
+                            Shared::new(data.add(at), len),
+                        )
+                    };
+                    if std::mem::take(&mut first) {
+                        // SAFETY: out of place, our input's block `me` is readable and disjoint
+                        // from the output.
+                        let own = unsafe { std::slice::from_raw_parts(b.src.add(at), len) };
+                        cpu::reduce_into_shared(out, own, theirs, plan.dtype, combiner)
+                    } else {
+                        cpu::reduce_shared(out, theirs, plan.dtype, combiner)
+                    }
+                })?
+            }
             _ => self.read_all(&mut w, turn, call, mine, |r, data| {
                 self.fold_one_shot(plan, (b.src, b.dst), b.in_place, r, data)
             })?,
@@ -205,7 +241,7 @@ impl AreaPath {
         self.look_for_failures(&mut w, turn)?;
         let folded = match plan.collective {
             Collective::Reduce => me == plan.root,
-            Collective::AllReduce => true,
+            Collective::AllReduce | Collective::ReduceScatter => true,
             _ => false,
         };
         if folded && plan.op == ReduceOp::Avg && n > 1 {

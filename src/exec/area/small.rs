@@ -34,8 +34,8 @@ use crate::types::{Rank, ReduceOp};
 impl AreaPath {
     /// Whether `plan`, sent `way`, is a call of this lane: one turn, at most a slot of data
     /// per rank (an all-to-all or a reduce-scatter publishes a block for every rank; the
-    /// general path takes such
-    /// calls in one turn too, a piece being at least a slot).
+    /// general path takes such calls in one turn too: `n` blocks in a slot make a block of at
+    /// most `SLOT_BYTES / n` bytes, within its piece of `STAGE_BYTES / n`).
     #[inline]
     pub fn small(&self, plan: &Plan, way: Way) -> bool {
         let block = plan.count.saturating_mul(plan.dtype.size());
@@ -141,8 +141,9 @@ impl AreaPath {
             for q in (0..n).filter(|&q| q != me) {
                 // SAFETY: the input holds `n` blocks of `len` bytes (`Blocks::of`), which fit a
                 // slot together (`small`), and this rank may write its place (`claim`).
+                // (`shared::copy`, as `stage_blocks`: no slow distance between the two.)
                 unsafe {
-                    std::ptr::copy_nonoverlapping(b.src.add(q * len), mine.add(q * len), len)
+                    oxccl_transport::shared::copy(mine.add(q * len), b.src.add(q * len), len)
                 };
             }
         } else if publishes {
@@ -210,6 +211,9 @@ impl AreaPath {
                 // Our block of every peer's publication folded into ours, ours first and then
                 // the peers' in rank order, as the general path folds (`scatter_piece`).
                 let (at, combiner) = (me * len, plan.op.combiner());
+                // Out of place, the first peer's fold writes our output (an area has two ranks
+                // at least: `AreaSet::group`).
+                debug_assert!(n > 1);
                 let mut first = !b.in_place;
                 self.read_all(&mut w, turn, call, mine, |r, data| {
                     if r == me {

@@ -759,21 +759,37 @@ mod tests {
         (area(0, made), area(1, opened))
     }
 
-    /// One trip around the ring: both ranks publish 8 bytes in every slot, each reading the
-    /// other's.
-    fn round(areas: [&Area; 2]) {
+    /// One trip around the ring: both ranks publish `bytes` (8 or more, at most a slot) in
+    /// every slot, the turn's number first (and past 8 bytes a mark in the last byte), each
+    /// reading the other's: 8 bytes lie in the heads, more in the bodies.
+    fn round(areas: [&Area; 2], bytes: usize) {
         let desc = [7u8; DESC_BYTES];
         for seq in 0..areas[0].slots() {
             for a in areas {
-                // SAFETY: this rank's place for 8 bytes of turn `seq`, which nobody reads before
-                // it is published.
-                unsafe { a.my_buffer(seq, 8).cast::<u64>().write_unaligned(seq) };
-                a.publish(seq, &desc, tag(&desc), 8, 8);
+                let at = a.my_buffer(seq, bytes);
+                // SAFETY: this rank's place for `bytes` of turn `seq`, which nobody reads
+                // before it is published.
+                unsafe {
+                    at.add(bytes - 1).write(seq as u8 ^ 0x5a);
+                    at.cast::<u64>().write_unaligned(seq);
+                };
+                a.publish(seq, &desc, tag(&desc), bytes, bytes);
             }
             for (me, a) in areas.into_iter().enumerate() {
                 let p = a.observe(1 - me, seq).unwrap().unwrap();
-                // SAFETY: published 8 bytes, left alone until the next round.
-                assert_eq!(unsafe { p.data.cast::<u64>().read_unaligned() }, seq);
+                // SAFETY: published `bytes`, left alone until the next round.
+                let (first, last) = unsafe {
+                    (
+                        p.data.cast::<u64>().read_unaligned(),
+                        p.data.add(bytes - 1).read(),
+                    )
+                };
+                let mark = if bytes > 8 {
+                    seq as u8 ^ 0x5a
+                } else {
+                    (seq >> 56) as u8
+                };
+                assert_eq!((first, last), (seq, mark));
             }
         }
     }
@@ -788,19 +804,26 @@ mod tests {
         // The same calls on another pair first, so that the code and the stack they run on are
         // mapped already and only the fresh pair's memory could fault below.
         let (a, b) = pair();
-        round([&a, &b]);
-        for wide in [false, true] {
+        round([&a, &b], 8);
+        round([&a, &b], SLOT_BYTES);
+        for (wide, bytes) in [
+            (false, 8),
+            (false, SLOT_BYTES),
+            (true, 8),
+            (true, SLOT_BYTES),
+        ] {
             let (mut a, mut b) = pair();
             if wide {
                 (a, b) = (a.widened(), b.widened());
             }
             let before = minor_faults();
-            round([&a, &b]);
+            round([&a, &b], bytes);
             let faults = minor_faults() - before;
             assert_eq!(
                 faults,
                 0,
-                "the first trip around a fresh ring of {} took {faults} page faults",
+                "the first trip around a fresh ring of {} with {bytes} bytes a turn took {faults} \
+                 page faults",
                 a.slots()
             );
         }

@@ -127,30 +127,24 @@ impl AreaPath {
             Collective::Reduce => me != plan.root || staged_own,
             _ => true,
         };
-        let all_to_all = matches!(
+        let per_peer = matches!(
             plan.collective,
             Collective::AllToAll | Collective::ReduceScatter
         );
-        let bytes = match (publishes, all_to_all) {
-            (false, _) => 0,
-            (true, false) => len,
-            (true, true) => n * len,
-        };
-        let mine = self.claim(&mut w, turn, bytes)?;
-        if all_to_all {
-            for q in (0..n).filter(|&q| q != me) {
-                // SAFETY: the input holds `n` blocks of `len` bytes (`Blocks::of`), which fit a
-                // slot together (`small`), and this rank may write its place (`claim`).
-                // (`shared::copy`, as `stage_blocks`: no slow distance between the two.)
-                unsafe {
-                    oxccl_transport::shared::copy(mine.add(q * len), b.src.add(q * len), len)
-                };
+        let (mine, bytes) = if per_peer {
+            // One piece of every block, the whole of each here (`small`).
+            let bytes = self.stage_blocks(&mut w, turn, &b, 0, len)?;
+            (self.area.my_buffer(turn, bytes), bytes)
+        } else {
+            let bytes = if publishes { len } else { 0 };
+            let mine = self.claim(&mut w, turn, bytes)?;
+            if publishes {
+                // SAFETY: the input holds `len` readable bytes, which fit a slot (`small`), and
+                // this rank may write its place (`claim`).
+                unsafe { std::ptr::copy_nonoverlapping(b.src, mine, len) };
             }
-        } else if publishes {
-            // SAFETY: the input holds `len` readable bytes, which fit a slot (`small`), and this
-            // rank may write its place (`claim`).
-            unsafe { std::ptr::copy_nonoverlapping(b.src, mine, len) };
-        }
+            (mine, bytes)
+        };
         self.area.publish(turn, &desc, tag, len, bytes);
         // Our own data once the others can read: the root's copy (broadcast), our block
         // (all-gather, all-to-all); in place it is there already.
@@ -189,7 +183,7 @@ impl AreaPath {
             Collective::AllGather | Collective::AllToAll => {
                 // Our block of each peer's publication: its only one (all-gather), or the one
                 // at our place (all-to-all).
-                let at = if all_to_all { me * len } else { 0 };
+                let at = if per_peer { me * len } else { 0 };
                 self.read_all(&mut w, turn, call, mine, |r, data| {
                     if r != me {
                         // SAFETY: `data` is `r`'s area memory holding its publication (`len`

@@ -112,7 +112,7 @@ impl AreaPath {
         let (me, root) = (self.rank, plan.root);
         let mut ours = Data::Copy([].as_ptr(), 0);
         if me == root && len > 0 {
-            ours = self.stage_blocks(w, turn, b, at, len)?;
+            ours = Data::Claimed(self.stage_blocks(w, turn, b, at, len)?);
         }
         // Out of place the root copies its own block once the others' are published.
         let own = || {
@@ -161,7 +161,7 @@ impl AreaPath {
         let total = b.block * n;
         let mut ours = Data::Copy([].as_ptr(), 0);
         if len > 0 {
-            ours = self.stage_blocks(w, turn, b, at, len)?;
+            ours = Data::Claimed(self.stage_blocks(w, turn, b, at, len)?);
         }
         // Our own block goes straight from input to output once the others' are published.
         let own = || {
@@ -357,7 +357,7 @@ impl AreaPath {
         let (n, me) = (self.area.len(), self.rank);
         let mut ours = Data::Copy([].as_ptr(), 0);
         if len > 0 {
-            ours = self.stage_blocks(w, turn, b, at, len)?;
+            ours = Data::Claimed(self.stage_blocks(w, turn, b, at, len)?);
         }
         // The publication says the copies are there.
         let all = self.exchange_all(w, turn, ours, len)?;
@@ -414,15 +414,15 @@ impl AreaPath {
 
     /// Copies `len` bytes at `at` of every peer's block of our input into our area buffer for
     /// `turn`, block `q`'s at `q · len`: what a rank publishes when every peer gets a piece of
-    /// its own.
-    fn stage_blocks(
+    /// its own. Returns the bytes claimed (`n · len`).
+    pub(super) fn stage_blocks(
         &self,
         w: &mut Waiter<'_>,
         turn: u64,
         b: &Blocks,
         at: usize,
         len: usize,
-    ) -> Result<Data> {
+    ) -> Result<usize> {
         let (n, me) = (self.area.len(), self.rank);
         let bytes = n * len;
         let mine = self.claim(w, turn, bytes)?;
@@ -435,7 +435,7 @@ impl AreaPath {
                 oxccl_transport::shared::copy(mine.add(q * len), b.src.add(q * b.block + at), len)
             };
         }
-        Ok(Data::Claimed(bytes))
+        Ok(bytes)
     }
 }
 

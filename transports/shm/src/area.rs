@@ -489,7 +489,7 @@ impl Area {
     /// Where `bytes` of data for one turn go ([`PLACE`] bits).
     #[inline(always)]
     fn place(bytes: usize) -> u64 {
-        if bytes > SLOT_BYTES {
+        if Area::in_buffer(bytes) {
             IN_BUFFER
         } else if bytes > INLINE_BYTES {
             IN_BODY

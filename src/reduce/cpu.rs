@@ -211,8 +211,9 @@ const SMALL_BYTES: usize = 64;
 /// first. The few elements of a small call's fold then cost a few instructions each, where the
 /// kernels' walk (checks, dispatch, a tail read from far memory piece by piece, a vectorised
 /// loop's set-up) took 260–330 for 8 bytes (callgrind, the 2-rank one-shot all-reduce).
-/// `false`, and nothing done, for any other fold, and for lengths that differ or do not hold
-/// whole elements (the kernels' path then says what is wrong).
+/// Elements are read and written unaligned, so any buffer will do. `false`, and nothing done,
+/// for any other fold, and for lengths that differ or do not hold whole elements (the kernels'
+/// path then says what is wrong).
 #[inline]
 fn fold_small(
     out: &mut [u8],
@@ -232,29 +233,22 @@ fn fold_small(
     macro_rules! fold {
         ($t:ty, $f:expr) => {{
             let f = $f;
-            // Elements in place where the buffers are aligned for them (as callers' buffers
-            // are); the kernels' path otherwise.
-            let Ok(out) = bytemuck::try_cast_slice_mut::<u8, $t>(out) else {
-                return false;
-            };
-            let a = match a.map(bytemuck::try_cast_slice::<u8, $t>) {
-                Some(Err(_)) => return false,
-                Some(Ok(a)) => Some(a),
-                None => None,
-            };
+            const W: usize = size_of::<$t>();
             let mut near = [0u64; SMALL_BYTES / 8];
-            b.copy_to(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut near)[..len]);
-            let y: &[$t] = &bytemuck::cast_slice(&near)[..out.len()];
-            match a {
-                Some(a) => {
-                    for ((o, &x), &y) in out.iter_mut().zip(a).zip(y) {
-                        *o = f(x, y);
-                    }
-                }
-                None => {
-                    for (o, &y) in out.iter_mut().zip(y) {
-                        *o = f(*o, y);
-                    }
+            let near = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut near)[..len];
+            b.copy_to(near);
+            let (o, y) = (out.as_mut_ptr(), near.as_ptr());
+            let x = a.map_or(o.cast_const(), <[u8]>::as_ptr);
+            for i in 0..len / W {
+                // SAFETY: element `i` lies inside `out`, `a` and `near`, all `len` bytes long
+                // (checked above); unaligned reads and writes, so any buffer alignment will
+                // do; `out` is written only after both operands of the element are read.
+                unsafe {
+                    let v = f(
+                        x.add(i * W).cast::<$t>().read_unaligned(),
+                        y.add(i * W).cast::<$t>().read_unaligned(),
+                    );
+                    o.add(i * W).cast::<$t>().write_unaligned(v);
                 }
             }
             true
@@ -1787,13 +1781,22 @@ mod tests {
                             "{dtype:?} {op:?} {elems} into, offset {off}"
                         );
                         if len > 0 && len < 4096 {
-                            // A misaligned destination goes through the bounce block.
+                            // A misaligned destination (and first operand): unaligned
+                            // element accesses up to 64 bytes, the bounce block above.
                             let mut odd = vec![0u8; len + 1];
                             odd[1..].copy_from_slice(&a);
                             reduce_shared(&mut odd[1..], shared, dtype, op).unwrap();
                             assert!(
                                 same(dtype, &odd[1..], &want),
                                 "{dtype:?} {op:?} misaligned dst"
+                            );
+                            odd[1..].copy_from_slice(&a);
+                            let mut got = vec![0u8; len + 1];
+                            reduce_into_shared(&mut got[1..], &odd[1..], shared, dtype, op)
+                                .unwrap();
+                            assert!(
+                                same(dtype, &got[1..], &want),
+                                "{dtype:?} {op:?} misaligned into"
                             );
                         }
                     }

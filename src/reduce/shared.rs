@@ -42,6 +42,7 @@ impl<'a> Shared<'a> {
     }
 
     /// Copies the range into `out`, as long as the range.
+    #[inline]
     pub(crate) fn copy_to(self, out: &mut [u8]) {
         assert_eq!(out.len(), self.len, "shared copy: lengths differ");
         // SAFETY: `self` is readable for `len` bytes (its contract); `out` is this process's

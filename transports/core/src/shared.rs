@@ -159,6 +159,13 @@ mod x86 {
     /// As for [`super::copy`].
     #[inline]
     pub(super) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
+        if len < 64 {
+            // A head, a length word, a small call's data: no vector step would run, and the
+            // calls to reach the byte loop cost more than the copy (an 8-byte copy took 53
+            // instructions through `copy_sse2`).
+            // SAFETY: forwarded from the caller.
+            return unsafe { bytes(dst, src, len) };
+        }
         if !stream && len >= REP_MOVSB_MIN && rep_movsb_fits(dst, src) {
             // SAFETY: forwarded from the caller.
             return unsafe { rep_movsb(dst, src, len) };
@@ -289,6 +296,7 @@ mod x86 {
     /// # Safety
     ///
     /// As for [`super::copy`].
+    #[inline(always)]
     unsafe fn bytes(dst: *mut u8, src: *const u8, len: usize) {
         let mut at = 0;
         // SAFETY: each access lies inside both ranges (the caller's contract).

@@ -1,6 +1,6 @@
-//! Small calls in one turn: a broadcast, a reduce or an all-gather whose data fit a slot, an
-//! all-to-all or a reduce-scatter whose blocks together do, and the one-shot all-reduce of as
-//! much, run straight from the communicator's call ([`Engine::run_area_now`])
+//! Small calls in one turn: a broadcast, a reduce, an all-gather or a gather whose data fit a
+//! slot, an all-to-all, a reduce-scatter or a scatter whose blocks together do, and the
+//! one-shot all-reduce of as much, run straight from the communicator's call ([`Engine::run_area_now`])
 //! instead of through the layers every call of any size and way takes (the way's dispatch,
 //! the pieces, the generic exchange). The same turn, descriptor, lagged check, reads, folds,
 //! and failure checks as [`AreaPath::staged`] and the one-shot way take for such a call, so a
@@ -33,14 +33,15 @@ use crate::types::{Rank, ReduceOp};
 
 impl AreaPath {
     /// Whether `plan`, sent `way`, is a call of this lane: one turn, at most a slot of data
-    /// per rank (an all-to-all or a reduce-scatter publishes a block for every rank; the
+    /// per rank (an all-to-all, a reduce-scatter or a scatter's root publishes a block for
+    /// every rank; the
     /// general path takes such calls in one turn too: `n` blocks in a slot make a block of at
     /// most `SLOT_BYTES / n` bytes, within its piece of `STAGE_BYTES / n`).
     #[inline]
     pub fn small(&self, plan: &Plan, way: Way) -> bool {
         let block = plan.count.saturating_mul(plan.dtype.size());
         let bytes = match plan.collective {
-            Collective::AllToAll | Collective::ReduceScatter => {
+            Collective::AllToAll | Collective::ReduceScatter | Collective::Scatter => {
                 block.saturating_mul(self.area.len())
             }
             _ => block,
@@ -54,8 +55,10 @@ impl AreaPath {
                         Collective::Broadcast
                             | Collective::Reduce
                             | Collective::AllGather
+                            | Collective::Gather
                             | Collective::AllToAll
-                            | Collective::ReduceScatter,
+                            | Collective::ReduceScatter
+                            | Collective::Scatter,
                         Way::Staged
                     )
             )
@@ -119,19 +122,20 @@ impl AreaPath {
             && b.in_place
             && me != 0
             && n > 2;
-        // What this rank publishes: the root's data (broadcast), everybody's but the root's
-        // (reduce), everybody's (all-reduce, all-gather; all-to-all and reduce-scatter: a block
-        // for every other rank, at its place, as the general path stages them).
+        // What this rank publishes: the root's data (broadcast; scatter: a block for every
+        // rank, at its place), everybody's but the root's (reduce), everybody's (all-reduce,
+        // all-gather, gather; all-to-all and reduce-scatter: a block for every rank, at its
+        // place, as the general path stages them).
         let publishes = match plan.collective {
-            Collective::Broadcast => me == plan.root,
+            Collective::Broadcast | Collective::Scatter => me == plan.root,
             Collective::Reduce => me != plan.root || staged_own,
             _ => true,
         };
         let per_peer = matches!(
             plan.collective,
-            Collective::AllToAll | Collective::ReduceScatter
+            Collective::AllToAll | Collective::ReduceScatter | Collective::Scatter
         );
-        let (mine, bytes) = if per_peer {
+        let (mine, bytes) = if per_peer && publishes {
             // One piece of every block, the whole of each here (`small`).
             let bytes = self.stage_blocks(&mut w, turn, &b, 0, len)?;
             (self.area.my_buffer(turn, bytes), bytes)
@@ -146,12 +150,15 @@ impl AreaPath {
             (mine, bytes)
         };
         self.area.publish(turn, &desc, tag, len, bytes);
-        // Our own data once the others can read: the root's copy (broadcast), our block
-        // (all-gather, all-to-all); in place it is there already.
+        // Our own data once the others can read: the root's copy (broadcast, scatter), our
+        // block (all-gather, a gather's root, all-to-all); in place it is there already.
         if !b.in_place {
+            let root = me == plan.root;
             let own = match plan.collective {
-                Collective::Broadcast if publishes => Some((0, 0)),
+                Collective::Broadcast if root => Some((0, 0)),
+                Collective::Scatter if root => Some((me * len, 0)),
                 Collective::AllGather => Some((0, me * len)),
+                Collective::Gather if root => Some((0, me * len)),
                 Collective::AllToAll => Some((me * len, me * len)),
                 _ => None,
             };
@@ -162,27 +169,30 @@ impl AreaPath {
             }
         }
         match plan.collective {
-            Collective::Broadcast if me != plan.root => {
+            Collective::Broadcast | Collective::Scatter if me != plan.root => {
+                // The root's data, or our block of the root's publication.
+                let at = if per_peer { me * len } else { 0 };
                 let p = self.published_by(&mut w, plan.root, turn)?;
                 self.accept(&mut w, plan.root, turn, &p, call)?;
-                // SAFETY: the root's slot holds `len` bytes, left alone until this rank
-                // publishes the next turn; our output holds `len` bytes only we touch.
+                // SAFETY: the root's slot holds `len` bytes (a scatter's: `n` blocks of them),
+                // left alone until this rank publishes the next turn; our output holds `len`
+                // bytes only we touch.
                 let (theirs, out) = unsafe {
                     (
-                        Shared::new(p.data, len),
+                        Shared::new(p.data.add(at), len),
                         std::slice::from_raw_parts_mut(b.dst, len),
                     )
                 };
                 theirs.copy_to(out);
             }
-            Collective::Broadcast => {}
-            Collective::Reduce if me != plan.root => {}
+            Collective::Broadcast | Collective::Scatter => {}
+            Collective::Reduce | Collective::Gather if me != plan.root => {}
             Collective::Reduce => self.read_all(&mut w, turn, call, mine, |r, data| {
                 self.fold_at_root(plan, &b, (0, len), staged_own, r, data)
             })?,
-            Collective::AllGather | Collective::AllToAll => {
-                // Our block of each peer's publication: its only one (all-gather), or the one
-                // at our place (all-to-all).
+            Collective::AllGather | Collective::Gather | Collective::AllToAll => {
+                // Our block of each peer's publication: its only one (all-gather, a gather's
+                // root), or the one at our place (all-to-all).
                 let at = if per_peer { me * len } else { 0 };
                 self.read_all(&mut w, turn, call, mine, |r, data| {
                     if r != me {

@@ -165,7 +165,9 @@ mod tests {
     use super::*;
     use oxccl_transport::PeerInfo;
     use oxccl_transport::auth::{self, HELLO_HEADER, Secret};
-    use oxccl_transport_tcp::wire::{self, ClientHello, FrameHeader, HEADER_LEN, ServerHello};
+    use oxccl_transport_tcp::wire::{
+        self, ClientHello, FrameHeader, HEADER_LEN, Lane, ServerHello,
+    };
 
     #[test]
     fn the_harness_catches_a_trusted_length() {
@@ -215,6 +217,7 @@ mod tests {
                         from: r,
                         to: r + 1,
                         nranks: 8,
+                        lane: Lane::Up,
                     }
                     .encode(),
                     ServerHello { rank: r, nranks: 8 }.encode(),

@@ -4,13 +4,16 @@
 - one way: one process sends for SECONDS to another over one connection (the stream the
   issue's "loopback stream ceiling" names);
 - both ways: two processes each send to the other at once over one connection, as every rank
-  of a 2-rank all-reduce must (each sends S and receives S per call). Reported per direction.
+  of a 2-rank all-reduce must (each sends S and receives S per call). Reported per direction;
+- both ways over two connections: the same, each direction on a connection of its own, as
+  oxccl's TCP links have done since 2026-12-05 (one per direction of data).
 
 On loopback the sender's write carries its segments through the whole stack into the
 receiver's socket, and the receiver's read copies them out; with both directions busy each
 process does both, so both ways is the honest ceiling for a 2-rank all-reduce's bus bandwidth
-(bytes sent per rank per second). Prints `one_way_GBps,...` and `both_ways_GBps_per_direction,...`
-lines with the median, minimum and maximum over ROUNDS.
+(bytes sent per rank per second). Prints `one_way_GBps,...`, `both_ways_GBps_per_direction,...`
+and `both_ways_two_connections_GBps_per_direction,...` lines with the median, minimum and
+maximum over ROUNDS.
 
 Usage: tcp_ceiling.py [ROUNDS=3] [SECONDS=2]"""
 import os
@@ -54,6 +57,26 @@ def pair():
     return a, b
 
 
+class Duplex:
+    """Receives on one connection and sends on another, with a socket's methods."""
+
+    def __init__(self, rx, tx):
+        self.rx, self.tx = rx, tx
+
+    def recv_into(self, view):
+        return self.rx.recv_into(view)
+
+    def sendall(self, data):
+        self.tx.sendall(data)
+
+    def shutdown(self, how):
+        self.tx.shutdown(how)
+
+    def close(self):
+        self.rx.close()
+        self.tx.close()
+
+
 def one_way(seconds):
     a, b = pair()
     pid = os.fork()
@@ -72,9 +95,14 @@ def one_way(seconds):
     return got[0] / took
 
 
-def both_ways(seconds):
-    """Each side sends and receives at once; returns the bytes per second one side received."""
-    a, b = pair()
+def both_ways(seconds, split=False):
+    """Each side sends and receives at once; returns the bytes per second one side received.
+    With `split`, each direction goes over a connection of its own."""
+    if split:
+        (a_tx, b_rx), (b_tx, a_rx) = pair(), pair()
+        a, b = Duplex(a_rx, a_tx), Duplex(b_rx, b_tx)
+    else:
+        a, b = pair()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -106,11 +134,16 @@ def both_ways(seconds):
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
-    one, both = [], []
+    one, both, split = [], [], []
     for _ in range(rounds):
         one.append(one_way(seconds) / 1e9)
         both.append(both_ways(seconds) / 1e9)
-    for name, v in (("one_way_GBps", one), ("both_ways_GBps_per_direction", both)):
+        split.append(both_ways(seconds, split=True) / 1e9)
+    for name, v in (
+        ("one_way_GBps", one),
+        ("both_ways_GBps_per_direction", both),
+        ("both_ways_two_connections_GBps_per_direction", split),
+    ):
         print(f"{name},{rounds},{statistics.median(v):.3f},{min(v):.3f},{max(v):.3f}")
 
 

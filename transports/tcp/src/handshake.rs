@@ -12,7 +12,7 @@ use std::time::Instant;
 use oxccl_transport::Rank;
 use oxccl_transport::auth::{self, Client, HELLO_HEADER, MAC_LEN, NONCE_LEN, Secret, Server};
 
-use crate::wire::{ACK, ClientHello, ServerHello};
+use crate::wire::{ACK, ClientHello, Lane, ServerHello};
 
 /// What both sides of every handshake of one transport share.
 #[derive(Debug)]
@@ -46,8 +46,9 @@ impl Failure {
 pub(crate) enum Step {
     /// Waiting for the socket.
     Pending,
-    /// Authenticated and accepted: the peer is this rank.
-    Done(Rank),
+    /// Authenticated and accepted: the peer is this rank, and the connection carries data
+    /// along this lane.
+    Done(Rank, Lane),
     /// Give up on this connection.
     Failed(Failure),
 }
@@ -55,23 +56,27 @@ pub(crate) enum Step {
 #[derive(Debug)]
 enum Phase<'a> {
     /// Connecting side: the non-blocking connect has not finished.
-    Connecting { peer: Rank },
+    Connecting { peer: Rank, lane: Lane },
     /// Either side: reading the other's hello header.
     HelloHeader {
         client: Option<Client<'a>>,
-        peer: Option<Rank>,
+        peer: Option<(Rank, Lane)>,
     },
     /// Either side: reading the hello payload (and, on the connecting side, the server's MAC).
     HelloBody {
         client: Option<Client<'a>>,
-        peer: Option<Rank>,
+        peer: Option<(Rank, Lane)>,
         nonce: [u8; NONCE_LEN],
         len: usize,
     },
     /// Accepting side: reading the connecting rank's proof.
-    Proof { server: Server<'a>, claimed: Rank },
+    Proof {
+        server: Server<'a>,
+        claimed: Rank,
+        lane: Lane,
+    },
     /// Connecting side: waiting for the accepting side's verdict.
-    Ack { peer: Rank },
+    Ack { peer: Rank, lane: Lane },
     /// Finished (or failed); nothing more to drive.
     Over,
 }
@@ -118,12 +123,14 @@ impl<'a> Handshake<'a> {
         }
     }
 
-    /// The connecting side of a connection to rank `peer` at `addr` (`stream` still connecting).
+    /// The connecting side of a connection to rank `peer` at `addr` (`stream` still
+    /// connecting), to carry data along `lane`.
     pub fn connecting(
         local: &'a Local<'a>,
         stream: mio::net::TcpStream,
         addr: SocketAddr,
         peer: Rank,
+        lane: Lane,
         expires: Instant,
     ) -> Handshake<'a> {
         Handshake {
@@ -132,7 +139,7 @@ impl<'a> Handshake<'a> {
             expires,
             incoming: false,
             local,
-            phase: Phase::Connecting { peer },
+            phase: Phase::Connecting { peer, lane },
             out: Vec::new(),
             out_pos: 0,
             inp: Vec::new(),
@@ -140,14 +147,14 @@ impl<'a> Handshake<'a> {
         }
     }
 
-    /// Makes all the progress the socket allows. `admit(rank)` says whether the accepting side
-    /// still waits for `rank` (and why not); it is asked when the hello arrives and again
-    /// just before accepting.
-    pub fn drive(&mut self, admit: &dyn Fn(Rank) -> Result<(), String>) -> Step {
+    /// Makes all the progress the socket allows. `admit(rank, lane)` says whether the
+    /// accepting side still waits for `rank`'s connection along `lane` (and why not); it is
+    /// asked when the hello arrives and again just before accepting.
+    pub fn drive(&mut self, admit: &dyn Fn(Rank, Lane) -> Result<(), String>) -> Step {
         match self.advance(admit) {
-            Ok(Some(rank)) => {
+            Ok(Some((rank, lane))) => {
                 self.phase = Phase::Over;
-                Step::Done(rank)
+                Step::Done(rank, lane)
             }
             Ok(None) => Step::Pending,
             Err(f) => {
@@ -159,13 +166,13 @@ impl<'a> Handshake<'a> {
 
     fn advance(
         &mut self,
-        admit: &dyn Fn(Rank) -> Result<(), String>,
-    ) -> Result<Option<Rank>, Failure> {
+        admit: &dyn Fn(Rank, Lane) -> Result<(), String>,
+    ) -> Result<Option<(Rank, Lane)>, Failure> {
         loop {
             if !self.flush()? {
                 return Ok(None);
             }
-            if let Phase::Connecting { peer } = self.phase {
+            if let Phase::Connecting { peer, lane } = self.phase {
                 if !self.connected()? {
                     return Ok(None);
                 }
@@ -173,6 +180,7 @@ impl<'a> Handshake<'a> {
                     from: self.local.rank,
                     to: peer,
                     nranks: self.local.nranks,
+                    lane,
                 }
                 .encode();
                 let (client, msg) = Client::start(self.local.secret, self.local.context, &hello)
@@ -181,7 +189,7 @@ impl<'a> Handshake<'a> {
                 self.expect(HELLO_HEADER);
                 self.phase = Phase::HelloHeader {
                     client: Some(client),
-                    peer: Some(peer),
+                    peer: Some((peer, lane)),
                 };
                 continue;
             }
@@ -219,7 +227,7 @@ impl<'a> Handshake<'a> {
                 }
                 Phase::HelloBody {
                     client: Some(client),
-                    peer: Some(peer),
+                    peer: Some((peer, lane)),
                     nonce,
                     len,
                 } => {
@@ -246,7 +254,7 @@ impl<'a> Handshake<'a> {
                     }
                     self.send(proof);
                     self.expect(1);
-                    Phase::Ack { peer }
+                    Phase::Ack { peer, lane }
                 }
                 Phase::HelloBody { nonce, .. } => {
                     let hello = ClientHello::decode(&self.inp).ok_or_else(|| {
@@ -271,29 +279,34 @@ impl<'a> Handshake<'a> {
                     Phase::Proof {
                         server,
                         claimed: hello.from,
+                        lane: hello.lane,
                     }
                 }
-                Phase::Proof { server, claimed } => {
+                Phase::Proof {
+                    server,
+                    claimed,
+                    lane,
+                } => {
                     let proof: &[u8; MAC_LEN] = self.inp[..]
                         .try_into()
                         .map_err(|_| Failure::new("short proof"))?;
                     server
                         .finish(proof)
                         .map_err(|e| Failure::new(format!("rank {claimed}: {e}")))?;
-                    admit(claimed).map_err(Failure::new)?;
+                    admit(claimed, lane).map_err(Failure::new)?;
                     // The verdict must reach the kernel now, while `admit`'s answer still holds:
                     // one byte on a fresh connection never finds the send buffer full.
                     match (&self.stream).write(&[ACK]) {
-                        Ok(1) => return Ok(Some(claimed)),
+                        Ok(1) => return Ok(Some((claimed, lane))),
                         Ok(_) => return Err(Failure::new("could not send the acknowledgement")),
                         Err(e) => return Err(io_failure("acknowledge", e)),
                     }
                 }
-                Phase::Ack { peer } => {
+                Phase::Ack { peer, lane } => {
                     if self.inp[..] != [ACK] {
                         return Err(Failure::new("bad acknowledgement"));
                     }
-                    return Ok(Some(peer));
+                    return Ok(Some((peer, lane)));
                 }
                 Phase::Connecting { .. } | Phase::Over => {
                     return Err(Failure::new("handshake in an impossible state"));
@@ -305,7 +318,7 @@ impl<'a> Handshake<'a> {
     fn check_hello(
         &self,
         hello: &ClientHello,
-        admit: &dyn Fn(Rank) -> Result<(), String>,
+        admit: &dyn Fn(Rank, Lane) -> Result<(), String>,
     ) -> Result<(), Failure> {
         if hello.nranks != self.local.nranks {
             return Err(Failure::new(format!(
@@ -319,7 +332,7 @@ impl<'a> Handshake<'a> {
                 hello.from, hello.to, self.local.rank
             )));
         }
-        admit(hello.from).map_err(Failure::new)
+        admit(hello.from, hello.lane).map_err(Failure::new)
     }
 
     /// Whether the non-blocking connect has finished.

@@ -2,9 +2,10 @@
 //! the same host when nothing faster is available).
 //!
 //! [`TcpTransport`] listens on one port per rank, publishes the address as its endpoint, and in
-//! [`Transport::connect`](oxccl_transport::Transport::connect) sets up exactly one authenticated
-//! connection per peer: the higher rank connects, the lower accepts, and both prove knowledge
-//! of the job's [`Secret`](oxccl_transport::auth::Secret) before anything else is exchanged.
+//! [`Transport::connect`](oxccl_transport::Transport::connect) sets up exactly two authenticated
+//! connections per peer, one for each direction of data ([`wire::Lane`]): the higher rank
+//! connects, the lower accepts, and both prove knowledge of the job's
+//! [`Secret`](oxccl_transport::auth::Secret) before anything else is exchanged.
 //! [`TcpLink`] then moves framed messages (see [`wire`]) with zero-copy sends and receives into
 //! a double-mapped ring, so lent messages are always contiguous.
 //!

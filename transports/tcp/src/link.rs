@@ -1,5 +1,6 @@
-//! [`TcpLink`]: one authenticated, non-blocking TCP connection carrying framed messages; an
-//! [`Outbox`] writes, an [`Inbox`] reads, and this module ties them to the [`Link`] contract.
+//! [`TcpLink`]: two authenticated, non-blocking TCP connections carrying framed messages, one
+//! each way (see [`crate::wire::Lane`]); an [`Outbox`] writes to one, an [`Inbox`] reads from
+//! the other, and this module ties them to the [`Link`] contract.
 //!
 //! It checks what callers post, makes a broken link stay broken (every later `poll` reports
 //! the same error), and names the peer in every error. It must not block or buffer payloads
@@ -66,13 +67,17 @@ impl Broken {
     }
 }
 
-/// One end of a TCP connection to a peer, with the guarantees of `oxccl-transport`'s crate
-/// docs. With no receive posted it buffers one full message (or 64 KiB of small ones); its
-/// receive ring holds two full messages, so one can stay lent while the next arrives.
+/// One rank's end of the two TCP connections to a peer, with the guarantees of
+/// `oxccl-transport`'s crate docs. With no receive posted it buffers one full message (or 64 KiB
+/// of small ones); its receive ring holds two full messages, so one can stay lent while the
+/// next arrives.
 #[derive(Debug)]
 pub struct TcpLink {
     peer: Rank,
-    sock: TcpStream,
+    /// The connection this side writes frames to (and reads nothing from).
+    tx: TcpStream,
+    /// The connection this side reads frames from (and writes nothing to).
+    rx: TcpStream,
     max_message: usize,
     outbox: Outbox,
     inbox: Inbox,
@@ -80,29 +85,34 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    /// Wraps an authenticated connection to `peer`: sets `TCP_NODELAY`, non-blocking mode and,
-    /// if given, the socket buffer sizes, and maps the receive ring.
+    /// Wraps the authenticated connections to `peer`, `tx` to send on and `rx` to receive
+    /// from: sets `TCP_NODELAY`, non-blocking mode and, if given, the socket buffer sizes, and
+    /// maps the receive ring.
     pub(crate) fn new(
         peer: Rank,
-        sock: TcpStream,
+        tx: TcpStream,
+        rx: TcpStream,
         max_message: usize,
         socket_buffer: Option<usize>,
     ) -> Result<TcpLink> {
         let what = |w: &str| format!("tcp: {w} of the link to rank {peer}");
-        sock.set_nodelay(true)
-            .map_err(|e| TransportError::io(what("set TCP_NODELAY"), e))?;
-        sock.set_nonblocking(true)
-            .map_err(|e| TransportError::io(what("set non-blocking mode"), e))?;
+        for sock in [&tx, &rx] {
+            sock.set_nodelay(true)
+                .map_err(|e| TransportError::io(what("set TCP_NODELAY"), e))?;
+            sock.set_nonblocking(true)
+                .map_err(|e| TransportError::io(what("set non-blocking mode"), e))?;
+        }
         if let Some(bytes) = socket_buffer {
-            rustix::net::sockopt::set_socket_send_buffer_size(&sock, bytes)
-                .and_then(|()| rustix::net::sockopt::set_socket_recv_buffer_size(&sock, bytes))
+            rustix::net::sockopt::set_socket_send_buffer_size(&tx, bytes)
+                .and_then(|()| rustix::net::sockopt::set_socket_recv_buffer_size(&rx, bytes))
                 .map_err(|e| TransportError::io(what("set the socket buffer sizes"), e.into()))?;
         }
         let inbox = Inbox::new(max_message)
             .map_err(|e| TransportError::io(what("map the receive ring"), e))?;
         Ok(TcpLink {
             peer,
-            sock,
+            tx,
+            rx,
             max_message,
             outbox: Outbox::new(),
             inbox,
@@ -132,10 +142,10 @@ impl TcpLink {
     fn poll_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Broken> {
         if !self.outbox.is_empty() {
             self.outbox
-                .flush(&self.sock, out)
+                .flush(&self.tx, out)
                 .map_err(|e| Broken::io("send to", e))?;
         }
-        self.inbox.progress(&self.sock, out)
+        self.inbox.progress(&self.rx, out)
     }
 
     fn too_long(&self, what: &str, len: usize, limit: usize) -> TransportError {
@@ -204,10 +214,17 @@ impl Link for TcpLink {
 
     fn readiness(&self, out: &mut Vec<Readiness>) -> bool {
         out.push(Readiness {
-            fd: self.sock.as_raw_fd(),
+            fd: self.rx.as_raw_fd(),
             read: true,
-            write: self.outbox.blocked(),
+            write: false,
         });
+        if self.outbox.blocked() {
+            out.push(Readiness {
+                fd: self.tx.as_raw_fd(),
+                read: false,
+                write: true,
+            });
+        }
         true
     }
 
@@ -218,6 +235,7 @@ impl Link for TcpLink {
 
     fn close(&mut self) {
         // Errors mean the connection is already gone, which is what close wants.
-        let _ = self.sock.shutdown(Shutdown::Both);
+        let _ = self.tx.shutdown(Shutdown::Both);
+        let _ = self.rx.shutdown(Shutdown::Both);
     }
 }

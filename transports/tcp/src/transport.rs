@@ -1,5 +1,6 @@
 //! [`TcpTransport`]: the listener, and the connect loop that turns peers' endpoints into
-//! authenticated [`TcpLink`]s, one per peer.
+//! authenticated [`TcpLink`]s, one per peer, each over two connections (one per direction of
+//! data: see [`Lane`]).
 //!
 //! The loop is one thread multiplexing every connection with mio: outgoing connects to lower
 //! ranks (retried while refused), incoming connections from higher ranks, each authenticated by
@@ -17,14 +18,14 @@ use oxccl_transport::{Link, PeerInfo, Rank, Result, Transport, TransportError};
 
 use crate::handshake::{Handshake, Local, Step};
 use crate::link::TcpLink;
-use crate::wire::{self, AUTH_CONTEXT};
+use crate::wire::{self, AUTH_CONTEXT, Lane};
 
 /// How long a stranger may take to authenticate before its connection is dropped.
 const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// First and largest pause between attempts to reach a peer that is not listening.
 const RETRY_FIRST: Duration = Duration::from_millis(2);
 const RETRY_MAX: Duration = Duration::from_millis(100);
-/// Unauthenticated incoming connections held at once, beyond one per expected peer; when more
+/// Unauthenticated incoming connections held at once, beyond two per expected peer; when more
 /// arrive, the oldest is dropped (a legitimate peer caught in a flood reconnects).
 const SPARE_INCOMING: usize = 32;
 const LISTENER: MioToken = MioToken(usize::MAX);
@@ -138,10 +139,16 @@ impl TcpTransport {
         peers
             .iter()
             .map(|p| {
-                let stream = streams.remove(&p.rank).ok_or_else(|| {
-                    TransportError::Unavailable(format!("tcp: rank {} connected twice", p.rank))
-                })?;
-                TcpLink::new(p.rank, stream, self.cfg.max_message, self.socket_buffer)
+                let mut lane = |lane: Lane| {
+                    streams.remove(&(p.rank, lane)).ok_or_else(|| {
+                        TransportError::Unavailable(format!("tcp: rank {} connected twice", p.rank))
+                    })
+                };
+                let (tx, rx) = match Lane::sending(me, p.rank) {
+                    Lane::Up => (lane(Lane::Up)?, lane(Lane::Down)?),
+                    Lane::Down => (lane(Lane::Down)?, lane(Lane::Up)?),
+                };
+                TcpLink::new(p.rank, tx, rx, self.cfg.max_message, self.socket_buffer)
             })
             .collect()
     }
@@ -199,10 +206,11 @@ struct ConnectLoop<'a> {
     deadline: Instant,
     /// Handshakes in progress, indexed by their mio token.
     slots: Vec<Option<Handshake<'a>>>,
-    outgoing: BTreeMap<Rank, Outgoing>,
-    /// Higher ranks this side accepts from.
-    incoming: BTreeSet<Rank>,
-    done: BTreeMap<Rank, TcpStream>,
+    /// Connections to lower ranks, one per lane.
+    outgoing: BTreeMap<(Rank, Lane), Outgoing>,
+    /// Higher ranks this side accepts from, and along which lanes.
+    incoming: BTreeSet<(Rank, Lane)>,
+    done: BTreeMap<(Rank, Lane), TcpStream>,
     expected: usize,
 }
 
@@ -216,7 +224,12 @@ impl<'a> ConnectLoop<'a> {
         let me = local.rank;
         let what = |w: &str| format!("tcp: rank {me} connecting to its peers: {w}");
         let poll = Poll::new().map_err(|e| TransportError::io(what("create a poller"), e))?;
-        let incoming: BTreeSet<Rank> = addrs.keys().copied().filter(|&r| r > me).collect();
+        let incoming: BTreeSet<(Rank, Lane)> = addrs
+            .keys()
+            .copied()
+            .filter(|&r| r > me)
+            .flat_map(|r| Lane::BOTH.map(|l| (r, l)))
+            .collect();
         let listener = match listener {
             Some(l) if !incoming.is_empty() => {
                 let mut l = mio::net::TcpListener::from_std(l);
@@ -228,8 +241,9 @@ impl<'a> ConnectLoop<'a> {
             Some(_) => None,
             None if incoming.is_empty() => None,
             None => {
+                let from: BTreeSet<Rank> = incoming.iter().map(|&(r, _)| r).collect();
                 return Err(TransportError::Unavailable(format!(
-                    "tcp: rank {me} must listen() before accepting ranks {incoming:?}"
+                    "tcp: rank {me} must listen() before accepting ranks {from:?}"
                 )));
             }
         };
@@ -237,15 +251,17 @@ impl<'a> ConnectLoop<'a> {
         let outgoing = addrs
             .iter()
             .filter(|(r, _)| **r < me)
-            .map(|(&r, &addr)| {
-                let o = Outgoing {
-                    addr,
-                    next_try: now,
-                    backoff: RETRY_FIRST,
-                    attempt: None,
-                    last_error: None,
-                };
-                (r, o)
+            .flat_map(|(&r, &addr)| {
+                Lane::BOTH.map(|lane| {
+                    let o = Outgoing {
+                        addr,
+                        next_try: now,
+                        backoff: RETRY_FIRST,
+                        attempt: None,
+                        last_error: None,
+                    };
+                    ((r, lane), o)
+                })
             })
             .collect();
         Ok(ConnectLoop {
@@ -257,11 +273,11 @@ impl<'a> ConnectLoop<'a> {
             outgoing,
             incoming,
             done: BTreeMap::new(),
-            expected: addrs.len(),
+            expected: 2 * addrs.len(),
         })
     }
 
-    fn run(mut self) -> Result<BTreeMap<Rank, TcpStream>> {
+    fn run(mut self) -> Result<BTreeMap<(Rank, Lane), TcpStream>> {
         let mut events = Events::with_capacity(64);
         loop {
             let now = Instant::now();
@@ -308,18 +324,19 @@ impl<'a> ConnectLoop<'a> {
 
     /// The ranks not yet connected and what went wrong with each, as a Timeout error.
     fn timeout(&self) -> TransportError {
-        let missing: Vec<Rank> = self
+        let missing: BTreeSet<Rank> = self
             .outgoing
             .keys()
             .chain(self.incoming.iter())
-            .copied()
-            .filter(|r| !self.done.contains_key(r))
+            .filter(|k| !self.done.contains_key(k))
+            .map(|&(r, _)| r)
             .collect();
-        let why: Vec<String> = self
+        let missing: Vec<Rank> = missing.into_iter().collect();
+        let mut why: Vec<String> = self
             .outgoing
             .iter()
-            .filter(|(r, _)| !self.done.contains_key(r))
-            .filter_map(|(r, o)| {
+            .filter(|(k, _)| !self.done.contains_key(k))
+            .filter_map(|((r, _), o)| {
                 Some(format!(
                     "rank {r} at {}: {}",
                     o.addr,
@@ -327,6 +344,7 @@ impl<'a> ConnectLoop<'a> {
                 ))
             })
             .collect();
+        why.dedup();
         let mut msg = format!(
             "tcp: rank {} could not connect to ranks {missing:?} by the deadline",
             self.local.rank
@@ -338,14 +356,14 @@ impl<'a> ConnectLoop<'a> {
     }
 
     fn start_attempts(&mut self, now: Instant) {
-        let due: Vec<Rank> = self
+        let due: Vec<(Rank, Lane)> = self
             .outgoing
             .iter()
-            .filter(|(r, o)| o.attempt.is_none() && o.next_try <= now && !self.done.contains_key(r))
-            .map(|(r, _)| *r)
+            .filter(|(k, o)| o.attempt.is_none() && o.next_try <= now && !self.done.contains_key(k))
+            .map(|(k, _)| *k)
             .collect();
-        for peer in due {
-            let Some(o) = self.outgoing.get(&peer) else {
+        for key @ (peer, lane) in due {
+            let Some(o) = self.outgoing.get(&key) else {
                 continue;
             };
             let addr = o.addr;
@@ -360,20 +378,20 @@ impl<'a> ConnectLoop<'a> {
             });
             match started {
                 Ok((slot, s)) => {
-                    let h = Handshake::connecting(self.local, s, addr, peer, self.deadline);
+                    let h = Handshake::connecting(self.local, s, addr, peer, lane, self.deadline);
                     self.slots[slot] = Some(h);
-                    if let Some(o) = self.outgoing.get_mut(&peer) {
+                    if let Some(o) = self.outgoing.get_mut(&key) {
                         o.attempt = Some(slot);
                     }
                     self.drive(slot);
                 }
-                Err(e) => self.retry_later(peer, format!("connect: {e}"), now),
+                Err(e) => self.retry_later(key, format!("connect: {e}"), now),
             }
         }
     }
 
-    fn retry_later(&mut self, peer: Rank, reason: String, now: Instant) {
-        if let Some(o) = self.outgoing.get_mut(&peer) {
+    fn retry_later(&mut self, key: (Rank, Lane), reason: String, now: Instant) {
+        if let Some(o) = self.outgoing.get_mut(&key) {
             o.attempt = None;
             o.next_try = now + o.backoff;
             o.backoff = (o.backoff * 2).min(RETRY_MAX);
@@ -470,13 +488,15 @@ impl<'a> ConnectLoop<'a> {
         };
         let done = &self.done;
         let incoming = &self.incoming;
-        let admit = |r: Rank| -> Result<(), String> {
-            if !incoming.contains(&r) {
+        let admit = |r: Rank, lane: Lane| -> Result<(), String> {
+            if !incoming.contains(&(r, lane)) {
                 Err(format!(
                     "claims rank {r}, which this rank does not accept from"
                 ))
-            } else if done.contains_key(&r) {
-                Err(format!("claims rank {r}, which is already connected"))
+            } else if done.contains_key(&(r, lane)) {
+                Err(format!(
+                    "claims rank {r}, which is already connected ({lane:?} lane)"
+                ))
             } else {
                 Ok(())
             }
@@ -484,16 +504,16 @@ impl<'a> ConnectLoop<'a> {
         match h.drive(&admit) {
             Step::Pending => {}
             Step::Failed(f) => self.fail(slot, f.reason, f.refused),
-            Step::Done(rank) => {
+            Step::Done(rank, lane) => {
                 let Some(mut h) = self.slots[slot].take() else {
                     return;
                 };
                 let _ = self.poll.registry().deregister(&mut h.stream);
-                tracing::debug!(me = self.local.rank, peer = rank, addr = %h.addr, "tcp: connected");
-                if let Some(o) = self.outgoing.get_mut(&rank) {
+                tracing::debug!(me = self.local.rank, peer = rank, ?lane, addr = %h.addr, "tcp: connected");
+                if let Some(o) = self.outgoing.get_mut(&(rank, lane)) {
                     o.attempt = None;
                 }
-                self.done.insert(rank, TcpStream::from(h.stream));
+                self.done.insert((rank, lane), TcpStream::from(h.stream));
             }
         }
     }
@@ -509,15 +529,15 @@ impl<'a> ConnectLoop<'a> {
             .outgoing
             .iter()
             .find(|(_, o)| o.attempt == Some(slot))
-            .map(|(r, _)| *r);
+            .map(|(k, _)| *k);
         match target {
-            Some(peer) => {
+            Some(key @ (peer, _)) => {
                 if refused {
                     tracing::debug!(me, peer, addr = %h.addr, %reason, "tcp: peer not listening yet");
                 } else {
                     tracing::warn!(me, peer, addr = %h.addr, %reason, "tcp: connecting to a peer failed; retrying");
                 }
-                self.retry_later(peer, reason, Instant::now());
+                self.retry_later(key, reason, Instant::now());
             }
             None => {
                 tracing::warn!(me, addr = %h.addr, %reason, "tcp: rejected an incoming connection");

@@ -7,8 +7,15 @@
 //! `b"oxccl-tcp"` followed by the communicator's context bytes. The connecting rank's hello is
 //! [`ClientHello`], the accepting rank's is [`ServerHello`]; after checking the connecting
 //! rank's proof, the accepting side sends one [`ACK`] byte, so the connecting side knows it was
-//! accepted rather than turned away as a duplicate. Then both directions carry frames: an
-//! 8-byte [`FrameHeader`] (`u32` LE payload length, `u32` LE kind) followed by the payload.
+//! accepted rather than turned away as a duplicate.
+//!
+//! Two connections join each pair of ranks, one per direction of data (the [`Lane`] in the
+//! connecting rank's hello): frames (an 8-byte [`FrameHeader`], `u32` LE payload length and
+//! `u32` LE kind, then the payload) flow only from a lane's sender to its receiver, and the
+//! receiver writes nothing after the handshake. So a receiver that stops reading, and whose
+//! window closes, never holds up the acknowledgements of the other direction's data: on one
+//! connection they ride on segments that a receive window closed under memory pressure drops
+//! whole (Linux 6.17 and later), and both ranks could wait for each other until the deadline.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
@@ -54,6 +61,41 @@ impl FrameHeader {
     }
 }
 
+/// Which way a connection carries data between the connecting (higher) rank and the accepting
+/// (lower) one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lane {
+    /// From the connecting rank to the accepting rank.
+    Up,
+    /// From the accepting rank to the connecting rank.
+    Down,
+}
+
+impl Lane {
+    /// Both lanes, in wire order.
+    pub const BOTH: [Lane; 2] = [Lane::Up, Lane::Down];
+
+    fn code(self) -> u32 {
+        match self {
+            Lane::Up => 0,
+            Lane::Down => 1,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<Lane> {
+        match code {
+            0 => Some(Lane::Up),
+            1 => Some(Lane::Down),
+            _ => None,
+        }
+    }
+
+    /// The lane on which a rank sends to `peer` (`me > peer`: this rank connects).
+    pub fn sending(me: Rank, peer: Rank) -> Lane {
+        if me > peer { Lane::Up } else { Lane::Down }
+    }
+}
+
 /// What the connecting rank says about itself (authenticated by the handshake's MACs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientHello {
@@ -63,28 +105,37 @@ pub struct ClientHello {
     pub to: Rank,
     /// Ranks in its communicator.
     pub nranks: usize,
+    /// Which way the connection will carry data.
+    pub lane: Lane,
 }
 
 impl ClientHello {
     /// Bytes of an encoded hello.
-    pub const LEN: usize = 12;
+    pub const LEN: usize = 16;
 
-    /// The hello's bytes (`from`, `to`, `nranks`, each `u32` LE). Ranks above `u32::MAX` are
-    /// refused by [`crate::TcpTransport::new`], so the narrowing never loses bits in practice.
+    /// The hello's bytes (`from`, `to`, `nranks`, lane (0 up, 1 down), each `u32` LE). Ranks
+    /// above `u32::MAX` are refused by [`crate::TcpTransport::new`], so the narrowing never
+    /// loses bits in practice.
     pub fn encode(&self) -> Vec<u8> {
-        [self.from, self.to, self.nranks]
-            .iter()
-            .flat_map(|v| (*v as u32).to_le_bytes())
-            .collect()
+        [
+            self.from as u32,
+            self.to as u32,
+            self.nranks as u32,
+            self.lane.code(),
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
     }
 
-    /// Parses a hello; `None` if it has the wrong length.
+    /// Parses a hello; `None` if it has the wrong length or names no lane.
     pub fn decode(bytes: &[u8]) -> Option<ClientHello> {
-        let v = u32s::<3>(bytes)?;
+        let v = u32s::<4>(bytes)?;
         Some(ClientHello {
             from: v[0] as Rank,
             to: v[1] as Rank,
             nranks: v[2] as usize,
+            lane: Lane::from_code(v[3])?,
         })
     }
 }
@@ -195,13 +246,21 @@ mod tests {
 
     #[test]
     fn hellos_and_headers_round_trip() {
-        let c = ClientHello {
-            from: 3,
-            to: 1,
-            nranks: 4,
-        };
-        assert_eq!(ClientHello::decode(&c.encode()), Some(c));
-        assert_eq!(ClientHello::decode(&[0; 11]), None);
+        for lane in Lane::BOTH {
+            let c = ClientHello {
+                from: 3,
+                to: 1,
+                nranks: 4,
+                lane,
+            };
+            assert_eq!(ClientHello::decode(&c.encode()), Some(c));
+        }
+        assert_eq!(ClientHello::decode(&[0; 15]), None);
+        let mut no_lane = [0u8; 16];
+        no_lane[12] = 2;
+        assert_eq!(ClientHello::decode(&no_lane), None);
+        assert_eq!(Lane::sending(3, 1), Lane::Up);
+        assert_eq!(Lane::sending(1, 3), Lane::Down);
         let s = ServerHello { rank: 1, nranks: 4 };
         assert_eq!(ServerHello::decode(&s.encode()), Some(s));
         let h = FrameHeader {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use oxccl_transport::auth::{self, Secret};
 use oxccl_transport::{Completion, Link, PeerInfo, RecvBuf, RecvInto, SendBuf, TransportError};
 use oxccl_transport_tcp::TcpLink;
-use oxccl_transport_tcp::wire::{self, ClientHello};
+use oxccl_transport_tcp::wire::{self, ClientHello, Lane};
 use util::*;
 
 /// Every rank sends its rank number to every peer; every link must carry its peer's number.
@@ -127,6 +127,7 @@ fn strangers_are_turned_away_while_peers_connect() {
         from: 1,
         to: 0,
         nranks: 3,
+        lane: Lane::Up,
     };
     let other = Secret::random().unwrap();
     assert!(raw_rank(addr0, &other, CONTEXT, hello).is_err());
@@ -137,21 +138,25 @@ fn strangers_are_turned_away_while_peers_connect() {
             from: 0,
             to: 0,
             nranks: 3,
+            lane: Lane::Up,
         },
         ClientHello {
             from: 7,
             to: 0,
             nranks: 3,
+            lane: Lane::Up,
         },
         ClientHello {
             from: 1,
             to: 0,
             nranks: 4,
+            lane: Lane::Up,
         },
         ClientHello {
             from: 1,
             to: 2,
             nranks: 3,
+            lane: Lane::Up,
         },
     ] {
         assert!(raw_rank(addr0, &secret, CONTEXT, bad).is_err(), "{bad:?}");

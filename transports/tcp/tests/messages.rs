@@ -14,7 +14,7 @@ use oxccl_transport::{
     Completion, Link, PeerInfo, RecvBuf, RecvInto, SendBuf, Token, TransportError,
 };
 use oxccl_transport_tcp::TcpLink;
-use oxccl_transport_tcp::wire::{ClientHello, KIND_CONTROL, KIND_DATA};
+use oxccl_transport_tcp::wire::{ClientHello, KIND_CONTROL, KIND_DATA, Lane};
 use util::*;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -342,22 +342,25 @@ fn a_size_mismatch_is_a_protocol_error() {
     assert!(unsafe { a.post_send(3, big) }.is_err());
 }
 
-/// Rank 0's link to a hand-driven rank 1.
-fn link_to_raw_peer(max: usize) -> (TcpLink, TcpStream) {
+/// Rank 0's link to a hand-driven rank 1: the link, the connection rank 1 writes frames on
+/// (the link's receiving side) and the one the link sends on.
+fn link_to_raw_peer(max: usize) -> (TcpLink, TcpStream, TcpStream) {
     let secret = Secret::random().unwrap();
     let (mut ts, infos) = listen_all(2, V4, max, &secret);
     let addr0 = addr_of(&infos[0]);
     let info1: PeerInfo = infos[1].clone();
     let mut t0 = ts.remove(0);
     let rank0 = thread::spawn(move || t0.connect_links(&[&info1], Instant::now() + 5 * SECOND));
-    let hello = ClientHello {
+    let hello = |lane| ClientHello {
         from: 1,
         to: 0,
         nranks: 2,
+        lane,
     };
-    let raw = raw_rank(addr0, &secret, CONTEXT, hello).unwrap();
+    let up = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Up)).unwrap();
+    let down = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Down)).unwrap();
     let link = rank0.join().unwrap().unwrap().pop().unwrap();
-    (link, raw)
+    (link, up, down)
 }
 
 #[test]
@@ -387,7 +390,7 @@ fn malformed_frames_are_protocol_errors() {
         ),
     ];
     for (name, send, recv) in cases {
-        let (mut link, mut raw) = link_to_raw_peer(1024);
+        let (mut link, mut raw, _down) = link_to_raw_peer(1024);
         if let Some(len) = recv {
             // SAFETY: lent receives need no memory.
             unsafe { link.post_recv(1, RecvInto::Lend { len }).unwrap() };
@@ -407,7 +410,7 @@ fn a_large_receive_posted_early_survives_other_frames_first() {
     // A large memory receive invites reading the next payload straight into it; a control
     // frame arriving first must still be delivered, and the data after it received intact.
     let len = 200 * 1024;
-    let (mut link, mut raw) = link_to_raw_peer(1 << 20);
+    let (mut link, mut raw, _down) = link_to_raw_peer(1 << 20);
     let mut buf = vec![0u8; len];
     // SAFETY: `buf` outlives the receive, which completes below.
     unsafe {
@@ -447,7 +450,7 @@ fn a_large_receive_posted_early_survives_other_frames_first() {
 #[test]
 fn frames_from_a_raw_peer_arrive() {
     // The wire format as documented: header then payload, data and control interleaved.
-    let (mut link, mut raw) = link_to_raw_peer(1024);
+    let (mut link, mut raw, _down) = link_to_raw_peer(1024);
     write_frame(&mut raw, KIND_DATA, b"hello");
     write_frame(&mut raw, KIND_CONTROL, b"ctl");
     // SAFETY: lent receives need no memory.
@@ -615,7 +618,7 @@ fn cancel_forgets_posted_operations_but_keeps_the_stream_usable_for_control() {
 
 #[test]
 fn a_peer_that_dies_mid_message_is_seen() {
-    let (mut link, mut raw) = link_to_raw_peer(1024);
+    let (mut link, mut raw, _down) = link_to_raw_peer(1024);
     raw.write_all(&[100, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3]).unwrap();
     let mut buf = [0u8; 100];
     // SAFETY: `buf` outlives the receive (the link fails first).

@@ -72,6 +72,17 @@ pub fn addr_of(info: &PeerInfo) -> SocketAddr {
 /// Connects `nranks` ranks pairwise, one thread per rank; `links[r]` are rank r's links to the
 /// other ranks in rank order.
 pub fn connect_all(nranks: usize, ip: IpAddr, max: usize) -> Vec<Vec<TcpLink>> {
+    connect_all_with(nranks, ip, max, None)
+}
+
+/// As [`connect_all`], with every link's socket buffers set to `sockbuf` bytes (`None`: the
+/// kernel's auto-tuning).
+pub fn connect_all_with(
+    nranks: usize,
+    ip: IpAddr,
+    max: usize,
+    sockbuf: Option<usize>,
+) -> Vec<Vec<TcpLink>> {
     let secret = Secret::random().unwrap();
     let (ts, infos) = listen_all(nranks, ip, max, &secret);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -79,8 +90,9 @@ pub fn connect_all(nranks: usize, ip: IpAddr, max: usize) -> Vec<Vec<TcpLink>> {
         let handles: Vec<_> = ts
             .into_iter()
             .enumerate()
-            .map(|(r, mut t)| {
+            .map(|(r, t)| {
                 let infos = &infos;
+                let mut t = t.with_socket_buffers(sockbuf);
                 s.spawn(move || {
                     let peers: Vec<&PeerInfo> = infos.iter().filter(|p| p.rank != r).collect();
                     t.connect_links(&peers, deadline).unwrap()
@@ -93,7 +105,12 @@ pub fn connect_all(nranks: usize, ip: IpAddr, max: usize) -> Vec<Vec<TcpLink>> {
 
 /// Two connected ranks' links: (rank 0's, rank 1's).
 pub fn pair(max: usize) -> (TcpLink, TcpLink) {
-    let mut links = connect_all(2, V4, max);
+    pair_with(max, None)
+}
+
+/// As [`pair`], with socket buffers of `sockbuf` bytes (`None`: the kernel's auto-tuning).
+pub fn pair_with(max: usize, sockbuf: Option<usize>) -> (TcpLink, TcpLink) {
+    let mut links = connect_all_with(2, V4, max, sockbuf);
     let b = links.pop().unwrap().pop().unwrap();
     let a = links.pop().unwrap().pop().unwrap();
     (a, b)

@@ -218,6 +218,7 @@ mod tests {
                         to: r + 1,
                         nranks: 8,
                         lane: Lane::Up,
+                        session: r as u64,
                     }
                     .encode(),
                     ServerHello { rank: r, nranks: 8 }.encode(),

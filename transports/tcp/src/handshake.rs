@@ -22,6 +22,9 @@ pub(crate) struct Local<'a> {
     pub context: &'a [u8],
     pub rank: Rank,
     pub nranks: usize,
+    /// Random, the same in the hellos of both connections this side opens to each peer, so
+    /// that the peer can tell they come from one process.
+    pub session: u64,
 }
 
 /// Why a handshake failed, in words for the log, and whether the peer simply was not
@@ -46,9 +49,9 @@ impl Failure {
 pub(crate) enum Step {
     /// Waiting for the socket.
     Pending,
-    /// Authenticated and accepted: the peer is this rank, and the connection carries data
-    /// along this lane.
-    Done(Rank, Lane),
+    /// Authenticated and accepted: the peer is this rank, the connection carries data along
+    /// this lane, and the connecting side's hellos carry this session.
+    Done(Rank, Lane, u64),
     /// Give up on this connection.
     Failed(Failure),
 }
@@ -74,6 +77,7 @@ enum Phase<'a> {
         server: Server<'a>,
         claimed: Rank,
         lane: Lane,
+        session: u64,
     },
     /// Connecting side: waiting for the accepting side's verdict.
     Ack { peer: Rank, lane: Lane },
@@ -147,14 +151,14 @@ impl<'a> Handshake<'a> {
         }
     }
 
-    /// Makes all the progress the socket allows. `admit(rank, lane)` says whether the
-    /// accepting side still waits for `rank`'s connection along `lane` (and why not); it is
-    /// asked when the hello arrives and again just before accepting.
-    pub fn drive(&mut self, admit: &dyn Fn(Rank, Lane) -> Result<(), String>) -> Step {
+    /// Makes all the progress the socket allows. `admit(rank, lane, session)` says whether the
+    /// accepting side still waits for `rank`'s connection along `lane` from that session (and
+    /// why not); it is asked when the hello arrives and again just before accepting.
+    pub fn drive(&mut self, admit: &dyn Fn(Rank, Lane, u64) -> Result<(), String>) -> Step {
         match self.advance(admit) {
-            Ok(Some((rank, lane))) => {
+            Ok(Some((rank, lane, session))) => {
                 self.phase = Phase::Over;
-                Step::Done(rank, lane)
+                Step::Done(rank, lane, session)
             }
             Ok(None) => Step::Pending,
             Err(f) => {
@@ -166,8 +170,8 @@ impl<'a> Handshake<'a> {
 
     fn advance(
         &mut self,
-        admit: &dyn Fn(Rank, Lane) -> Result<(), String>,
-    ) -> Result<Option<(Rank, Lane)>, Failure> {
+        admit: &dyn Fn(Rank, Lane, u64) -> Result<(), String>,
+    ) -> Result<Option<(Rank, Lane, u64)>, Failure> {
         loop {
             if !self.flush()? {
                 return Ok(None);
@@ -181,6 +185,7 @@ impl<'a> Handshake<'a> {
                     to: peer,
                     nranks: self.local.nranks,
                     lane,
+                    session: self.local.session,
                 }
                 .encode();
                 let (client, msg) = Client::start(self.local.secret, self.local.context, &hello)
@@ -280,12 +285,14 @@ impl<'a> Handshake<'a> {
                         server,
                         claimed: hello.from,
                         lane: hello.lane,
+                        session: hello.session,
                     }
                 }
                 Phase::Proof {
                     server,
                     claimed,
                     lane,
+                    session,
                 } => {
                     let proof: &[u8; MAC_LEN] = self.inp[..]
                         .try_into()
@@ -293,11 +300,11 @@ impl<'a> Handshake<'a> {
                     server
                         .finish(proof)
                         .map_err(|e| Failure::new(format!("rank {claimed}: {e}")))?;
-                    admit(claimed, lane).map_err(Failure::new)?;
+                    admit(claimed, lane, session).map_err(Failure::new)?;
                     // The verdict must reach the kernel now, while `admit`'s answer still holds:
                     // one byte on a fresh connection never finds the send buffer full.
                     match (&self.stream).write(&[ACK]) {
-                        Ok(1) => return Ok(Some((claimed, lane))),
+                        Ok(1) => return Ok(Some((claimed, lane, session))),
                         Ok(_) => return Err(Failure::new("could not send the acknowledgement")),
                         Err(e) => return Err(io_failure("acknowledge", e)),
                     }
@@ -306,7 +313,7 @@ impl<'a> Handshake<'a> {
                     if self.inp[..] != [ACK] {
                         return Err(Failure::new("bad acknowledgement"));
                     }
-                    return Ok(Some((peer, lane)));
+                    return Ok(Some((peer, lane, self.local.session)));
                 }
                 Phase::Connecting { .. } | Phase::Over => {
                     return Err(Failure::new("handshake in an impossible state"));
@@ -318,7 +325,7 @@ impl<'a> Handshake<'a> {
     fn check_hello(
         &self,
         hello: &ClientHello,
-        admit: &dyn Fn(Rank, Lane) -> Result<(), String>,
+        admit: &dyn Fn(Rank, Lane, u64) -> Result<(), String>,
     ) -> Result<(), Failure> {
         if hello.nranks != self.local.nranks {
             return Err(Failure::new(format!(
@@ -332,7 +339,7 @@ impl<'a> Handshake<'a> {
                 hello.from, hello.to, self.local.rank
             )));
         }
-        admit(hello.from, hello.lane).map_err(Failure::new)
+        admit(hello.from, hello.lane, hello.session).map_err(Failure::new)
     }
 
     /// Whether the non-blocking connect has finished.

@@ -145,7 +145,13 @@ impl TcpLink {
                 .flush(&self.tx, out)
                 .map_err(|e| Broken::io("send to", e))?;
         }
-        self.inbox.progress(&self.rx, out)
+        self.inbox.progress(&self.rx, out)?;
+        // The peer writes its last byte to us only as it closes, and it reads nothing after
+        // that: what the socket still refuses will never be taken.
+        if self.inbox.eof() && self.outbox.blocked() {
+            return Err(Broken::Closed);
+        }
+        Ok(())
     }
 
     fn too_long(&self, what: &str, len: usize, limit: usize) -> TransportError {

@@ -82,7 +82,8 @@ impl TcpTransport {
         })
     }
 
-    /// Sets `SO_SNDBUF` and `SO_RCVBUF` of every link's socket to `bytes`. `None`, the
+    /// Sets `SO_SNDBUF` of every link's sending socket and `SO_RCVBUF` of its receiving one
+    /// to `bytes`. `None`, the
     /// default, leaves the kernel's auto-tuning alone: fixed 4 MiB buffers measured no faster
     /// on loopback (`examples/tcp_perf.rs --sockbuf`), and fixing them turns auto-tuning off.
     pub fn with_socket_buffers(mut self, bytes: Option<usize>) -> TcpTransport {
@@ -129,11 +130,13 @@ impl TcpTransport {
             }
         }
         let context = [AUTH_CONTEXT, &self.cfg.context].concat();
+        let session = oxccl_transport::auth::random_bytes()?;
         let local = Local {
             secret: &self.cfg.secret,
             context: &context,
             rank: me,
             nranks: self.cfg.nranks,
+            session: u64::from_le_bytes(session[..8].try_into().expect("8 of 32 bytes")),
         };
         let mut streams = ConnectLoop::new(&local, listener, &addrs, deadline)?.run()?;
         peers
@@ -141,7 +144,10 @@ impl TcpTransport {
             .map(|p| {
                 let mut lane = |lane: Lane| {
                     streams.remove(&(p.rank, lane)).ok_or_else(|| {
-                        TransportError::Unavailable(format!("tcp: rank {} connected twice", p.rank))
+                        TransportError::Unavailable(format!(
+                            "tcp: rank {me} has no {lane:?} connection with rank {}",
+                            p.rank
+                        ))
                     })
                 };
                 let (tx, rx) = match Lane::sending(me, p.rank) {
@@ -211,6 +217,8 @@ struct ConnectLoop<'a> {
     /// Higher ranks this side accepts from, and along which lanes.
     incoming: BTreeSet<(Rank, Lane)>,
     done: BTreeMap<(Rank, Lane), TcpStream>,
+    /// The session of each higher rank's first accepted connection: its other one must match.
+    sessions: BTreeMap<Rank, u64>,
     expected: usize,
 }
 
@@ -273,6 +281,7 @@ impl<'a> ConnectLoop<'a> {
             outgoing,
             incoming,
             done: BTreeMap::new(),
+            sessions: BTreeMap::new(),
             expected: 2 * addrs.len(),
         })
     }
@@ -488,7 +497,8 @@ impl<'a> ConnectLoop<'a> {
         };
         let done = &self.done;
         let incoming = &self.incoming;
-        let admit = |r: Rank, lane: Lane| -> Result<(), String> {
+        let sessions = &self.sessions;
+        let admit = |r: Rank, lane: Lane, session: u64| -> Result<(), String> {
             if !incoming.contains(&(r, lane)) {
                 Err(format!(
                     "claims rank {r}, which this rank does not accept from"
@@ -497,6 +507,10 @@ impl<'a> ConnectLoop<'a> {
                 Err(format!(
                     "claims rank {r}, which is already connected ({lane:?} lane)"
                 ))
+            } else if sessions.get(&r).is_some_and(|&s| s != session) {
+                Err(format!(
+                    "claims rank {r}, whose other connection came from another process"
+                ))
             } else {
                 Ok(())
             }
@@ -504,7 +518,7 @@ impl<'a> ConnectLoop<'a> {
         match h.drive(&admit) {
             Step::Pending => {}
             Step::Failed(f) => self.fail(slot, f.reason, f.refused),
-            Step::Done(rank, lane) => {
+            Step::Done(rank, lane, session) => {
                 let Some(mut h) = self.slots[slot].take() else {
                     return;
                 };
@@ -512,6 +526,9 @@ impl<'a> ConnectLoop<'a> {
                 tracing::debug!(me = self.local.rank, peer = rank, ?lane, addr = %h.addr, "tcp: connected");
                 if let Some(o) = self.outgoing.get_mut(&(rank, lane)) {
                     o.attempt = None;
+                }
+                if h.incoming {
+                    self.sessions.insert(rank, session);
                 }
                 self.done.insert((rank, lane), TcpStream::from(h.stream));
             }

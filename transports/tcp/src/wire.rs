@@ -107,17 +107,20 @@ pub struct ClientHello {
     pub nranks: usize,
     /// Which way the connection will carry data.
     pub lane: Lane,
+    /// Random, the same in both hellos of one rank's connections to this peer: the accepting
+    /// side takes a pair's second connection only from the session of its first.
+    pub session: u64,
 }
 
 impl ClientHello {
     /// Bytes of an encoded hello.
-    pub const LEN: usize = 16;
+    pub const LEN: usize = 24;
 
-    /// The hello's bytes (`from`, `to`, `nranks`, lane (0 up, 1 down), each `u32` LE). Ranks
-    /// above `u32::MAX` are refused by [`crate::TcpTransport::new`], so the narrowing never
-    /// loses bits in practice.
+    /// The hello's bytes (`from`, `to`, `nranks`, lane (0 up, 1 down), each `u32` LE, then
+    /// the session, `u64` LE). Ranks above `u32::MAX` are refused by
+    /// [`crate::TcpTransport::new`], so the narrowing never loses bits in practice.
     pub fn encode(&self) -> Vec<u8> {
-        [
+        let mut b: Vec<u8> = [
             self.from as u32,
             self.to as u32,
             self.nranks as u32,
@@ -125,17 +128,24 @@ impl ClientHello {
         ]
         .iter()
         .flat_map(|v| v.to_le_bytes())
-        .collect()
+        .collect();
+        b.extend_from_slice(&self.session.to_le_bytes());
+        b
     }
 
     /// Parses a hello; `None` if it has the wrong length or names no lane.
     pub fn decode(bytes: &[u8]) -> Option<ClientHello> {
-        let v = u32s::<4>(bytes)?;
+        if bytes.len() != Self::LEN {
+            return None;
+        }
+        let (words, session) = bytes.split_at(16);
+        let v = u32s::<4>(words)?;
         Some(ClientHello {
             from: v[0] as Rank,
             to: v[1] as Rank,
             nranks: v[2] as usize,
             lane: Lane::from_code(v[3])?,
+            session: u64::from_le_bytes(session.try_into().ok()?),
         })
     }
 }
@@ -252,11 +262,13 @@ mod tests {
                 to: 1,
                 nranks: 4,
                 lane,
+                session: 0x0123_4567_89ab_cdef,
             };
             assert_eq!(ClientHello::decode(&c.encode()), Some(c));
         }
-        assert_eq!(ClientHello::decode(&[0; 15]), None);
-        let mut no_lane = [0u8; 16];
+        assert_eq!(ClientHello::decode(&[0; 23]), None);
+        assert_eq!(ClientHello::decode(&[0; 25]), None);
+        let mut no_lane = [0u8; 24];
         no_lane[12] = 2;
         assert_eq!(ClientHello::decode(&no_lane), None);
         assert_eq!(Lane::sending(3, 1), Lane::Up);

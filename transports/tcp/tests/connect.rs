@@ -128,6 +128,7 @@ fn strangers_are_turned_away_while_peers_connect() {
         to: 0,
         nranks: 3,
         lane: Lane::Up,
+        session: 1,
     };
     let other = Secret::random().unwrap();
     assert!(raw_rank(addr0, &other, CONTEXT, hello).is_err());
@@ -139,24 +140,28 @@ fn strangers_are_turned_away_while_peers_connect() {
             to: 0,
             nranks: 3,
             lane: Lane::Up,
+            session: 1,
         },
         ClientHello {
             from: 7,
             to: 0,
             nranks: 3,
             lane: Lane::Up,
+            session: 1,
         },
         ClientHello {
             from: 1,
             to: 0,
             nranks: 4,
             lane: Lane::Up,
+            session: 1,
         },
         ClientHello {
             from: 1,
             to: 2,
             nranks: 3,
             lane: Lane::Up,
+            session: 1,
         },
     ] {
         assert!(raw_rank(addr0, &secret, CONTEXT, bad).is_err(), "{bad:?}");
@@ -254,4 +259,30 @@ fn a_stranger_mid_handshake_does_not_delay_a_peer() {
     assert_eq!(links0.len(), 1);
     assert!(rank1.join().unwrap().is_ok());
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+#[test]
+fn both_connections_of_a_pair_must_come_from_one_process() {
+    init_logging();
+    let secret = Secret::random().unwrap();
+    let (mut ts, infos) = listen_all(2, V4, 1024, &secret);
+    let addr0 = addr_of(&infos[0]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut t0 = ts.remove(0);
+    let info1 = infos[1].clone();
+    let rank0 = thread::spawn(move || t0.connect_links(&[&info1], deadline));
+    let hello = |lane, session| ClientHello {
+        from: 1,
+        to: 0,
+        nranks: 2,
+        lane,
+        session,
+    };
+    let _up = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Up, 11)).unwrap();
+    // The other lane from another session (a stale process, say) is refused...
+    assert!(raw_rank(addr0, &secret, CONTEXT, hello(Lane::Down, 12)).is_err());
+    // ... and the same session's is taken.
+    let _down = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Down, 11)).unwrap();
+    let links = rank0.join().unwrap().unwrap();
+    assert_eq!(links.len(), 1);
 }

@@ -356,6 +356,7 @@ fn link_to_raw_peer(max: usize) -> (TcpLink, TcpStream, TcpStream) {
         to: 0,
         nranks: 2,
         lane,
+        session: 7,
     };
     let up = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Up)).unwrap();
     let down = raw_rank(addr0, &secret, CONTEXT, hello(Lane::Down)).unwrap();
@@ -633,4 +634,21 @@ fn a_peer_that_dies_mid_message_is_seen() {
     // The readiness still names the socket.
     let mut ready = Vec::new();
     assert!(link.readiness(&mut ready) && ready.iter().any(|r| r.read));
+}
+
+#[test]
+fn a_send_the_closed_peer_will_never_take_fails() {
+    // The peer closes the connection it sends on (end of stream) but keeps the one it receives
+    // on open without reading: a send larger than the socket buffers must fail, not wait.
+    let len = 32 << 20;
+    let (mut link, raw, _down) = link_to_raw_peer(len);
+    let big = vec![7u8; len];
+    // SAFETY: `big` outlives the send, which fails below (the link is then dropped first).
+    unsafe { link.post_send(1, SendBuf::from_slice(&big)).unwrap() };
+    link.poll(&mut Vec::new()).unwrap();
+    raw.shutdown(std::net::Shutdown::Write).unwrap();
+    let (e, took) = poll_until_error(&mut link, 5 * SECOND);
+    assert!(matches!(e, TransportError::PeerClosed { peer: 1 }), "{e:?}");
+    assert!(took < SECOND, "noticed after {took:?}");
+    drop(link);
 }

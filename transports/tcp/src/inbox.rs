@@ -178,6 +178,14 @@ impl Inbox {
         Ok(())
     }
 
+    /// Whether the next [`Inbox::progress`] would read the socket if it had bytes: not after end
+    /// of stream (a closed socket stays readable), nor while the ring holds all it may with no
+    /// receive posted (only posting one changes that).
+    pub fn wants_read(&self) -> bool {
+        !self.eof
+            && (self.direct.is_some() || !self.recvs.is_empty() || self.ring_room(self.free()) > 0)
+    }
+
     /// Whether a posted receive waits for bytes that are not in the ring.
     fn starved(&self) -> bool {
         if self.direct.is_some() {

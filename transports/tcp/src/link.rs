@@ -219,9 +219,11 @@ impl Link for TcpLink {
     }
 
     fn readiness(&self, out: &mut Vec<Readiness>) -> bool {
+        // With no interest, poll(2) still reports an error or hang-up on the socket; readable
+        // alone would wake the executor at once, again and again, for bytes it will not take.
         out.push(Readiness {
             fd: self.rx.as_raw_fd(),
-            read: true,
+            read: self.inbox.wants_read(),
             write: false,
         });
         if self.outbox.blocked() {

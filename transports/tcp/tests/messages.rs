@@ -160,7 +160,10 @@ fn a_full_message_is_buffered_with_no_receive_posted() {
     while reads(&b) {
         a.poll(&mut oa).unwrap();
         b.poll(&mut ob).unwrap();
-        assert!(t.elapsed() < 10 * SECOND, "the receiver still wants to read");
+        assert!(
+            t.elapsed() < 10 * SECOND,
+            "the receiver still wants to read"
+        );
     }
     let mut buf = vec![0u8; max];
     // SAFETY: `buf` and `msgs` outlive the operations, which complete below.

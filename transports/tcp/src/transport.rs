@@ -150,10 +150,8 @@ impl TcpTransport {
                         ))
                     })
                 };
-                let (tx, rx) = match Lane::sending(me, p.rank) {
-                    Lane::Up => (lane(Lane::Up)?, lane(Lane::Down)?),
-                    Lane::Down => (lane(Lane::Down)?, lane(Lane::Up)?),
-                };
+                let out = Lane::sending(me, p.rank);
+                let (tx, rx) = (lane(out)?, lane(out.reverse())?);
                 TcpLink::new(p.rank, tx, rx, self.cfg.max_message, self.socket_buffer)
             })
             .collect()

@@ -94,6 +94,14 @@ impl Lane {
     pub fn sending(me: Rank, peer: Rank) -> Lane {
         if me > peer { Lane::Up } else { Lane::Down }
     }
+
+    /// The lane the other way.
+    pub fn reverse(self) -> Lane {
+        match self {
+            Lane::Up => Lane::Down,
+            Lane::Down => Lane::Up,
+        }
+    }
 }
 
 /// What the connecting rank says about itself (authenticated by the handshake's MACs).
@@ -273,6 +281,7 @@ mod tests {
         assert_eq!(ClientHello::decode(&no_lane), None);
         assert_eq!(Lane::sending(3, 1), Lane::Up);
         assert_eq!(Lane::sending(1, 3), Lane::Down);
+        assert_eq!(Lane::sending(3, 1).reverse(), Lane::sending(1, 3));
         let s = ServerHello { rank: 1, nranks: 4 };
         assert_eq!(ServerHello::decode(&s.encode()), Some(s));
         let h = FrameHeader {

@@ -746,6 +746,12 @@ fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
 /// The piecewise α-β estimate along `curve` (non-empty, sizes increasing) at `bytes`.
 fn along(curve: &[(usize, f64)], bytes: usize) -> f64 {
     let i = curve.partition_point(|&(b, _)| b < bytes);
+    // A measured size reads its own time: through the segment below it, `t0 + (t1 - t0)` can
+    // land an ulp away from `t1`, and move with `t0` (a joined probe's "no point got slower"
+    // failed by 4.0360000000000004e-7 against 4.036e-7 that way).
+    if curve.get(i).is_some_and(|&(b, _)| b == bytes) {
+        return curve[i].1;
+    }
     let segment = match i {
         0 => return curve[0].1,
         i if i == curve.len() => {
@@ -770,6 +776,24 @@ fn along(curve: &[(usize, f64)], bytes: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_measured_size_reads_its_own_time() {
+        // Pairs where going through the segment below rounds away from the point itself.
+        let mut rounded = 0;
+        for k in 1..2000u32 {
+            let (t0, t1) = (
+                1e-7 * f64::from(k) / 7.0,
+                4.036e-7 + 1e-9 * f64::from(k) / 3.0,
+            );
+            rounded += usize::from(t0 + (t1 - t0) != t1);
+            let curve = [(8, t0), (4096, t1), (1 << 20, 2e-4)];
+            assert_eq!(along(&curve, 4096), t1, "{t0} {t1}");
+            assert_eq!(along(&curve, 8), t0);
+            assert_eq!(along(&curve, 1 << 20), 2e-4);
+        }
+        assert!(rounded > 0, "no pair exercised the rounding");
+    }
 
     fn key(way: Way, in_place: bool) -> Key {
         Key {

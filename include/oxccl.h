@@ -84,6 +84,9 @@
 // A communicator; only ever handled through an `oxcclComm_t`.
 typedef struct oxcclComm oxcclComm;
 
+// A started send or receive; only ever handled through an `oxcclRequest_t`.
+typedef struct oxcclRequest oxcclRequest;
+
 // A registered window; only ever handled through an `oxcclWindow_t`.
 typedef struct oxcclWindow oxcclWindow;
 
@@ -162,6 +165,11 @@ typedef int oxcclRedOp_t;
 // A CUDA stream (`cudaStream_t`): NULL for host memory; a collective, send or receive given a
 // stream takes CUDA device memory, ordered on that stream.
 typedef void *oxcclStream_t;
+
+// Handle of a send or receive started by `oxcclSendStart` or `oxcclRecvStart` (an
+// extension), opaque like `oxcclComm_t`: looked up among the live requests, never
+// dereferenced. `oxcclRequestWait`, or an `oxcclRequestTest` that finds it done, ends it.
+typedef struct oxcclRequest *oxcclRequest_t;
 
 // Where the scalar of `oxcclRedOpCreatePreMulSum` lives (nccl.h's `ncclScalarResidence_t`).
 typedef int oxcclScalarResidence_t;
@@ -604,9 +612,10 @@ oxcclResult_t oxcclScatter(const void *sendbuff,
                            oxcclStream_t stream);
 
 // Sends `count` elements of `sendbuff` to `peer`, which receives them with a matching
-// `oxcclRecv` (same count and type; messages between two ranks match in the order posted).
-// Alone, the call returns when the data has left `sendbuff`; put sends and receives that
-// depend on each other (an exchange, a ring shift) in one group.
+// `oxcclRecv` (same count and type; messages between two ranks match in the order posted,
+// whatever the groups). Alone, the call returns when the data has left `sendbuff`; put sends
+// and receives that depend on each other (an exchange, a ring shift) in one group, or start
+// them (`oxcclSendStart`, `oxcclRecvStart`).
 //
 // # Safety
 //
@@ -643,6 +652,55 @@ oxcclResult_t oxcclGroupStart(void);
 // `oxcclCommGetAsyncError`). Returns the first failure, or that of a call the group kept (a
 // collective, send, receive or creation; then nothing ran).
 oxcclResult_t oxcclGroupEnd(void);
+
+// Extension: starts sending `count` elements of `sendbuff` (host memory) to `peer` and
+// returns at once with `*request`, which `oxcclRequestWait` or `oxcclRequestTest` ends. The
+// peer receives them with a matching receive (same count and type; messages between two
+// ranks match in the order posted). Not inside a group.
+//
+// # Safety
+//
+// `request` is writable; `sendbuff` is readable for the message's length, and nothing
+// writes to it until the request has ended.
+oxcclResult_t oxcclSendStart(const void *sendbuff,
+                             size_t count,
+                             oxcclDataType_t datatype,
+                             int peer,
+                             oxcclComm_t comm,
+                             oxcclRequest_t *request);
+
+// Extension: starts receiving into `recvbuff` (host memory) the `count` elements `peer`
+// sends, and returns at once with `*request` (see `oxcclSendStart`).
+//
+// # Safety
+//
+// `request` is writable; `recvbuff` is writable for the message's length, and nothing else
+// touches it until the request has ended.
+oxcclResult_t oxcclRecvStart(void *recvbuff,
+                             size_t count,
+                             oxcclDataType_t datatype,
+                             int peer,
+                             oxcclComm_t comm,
+                             oxcclRequest_t *request);
+
+// Extension: waits for the send or receive of `*request` (within the communicator's
+// timeout), ends the request (`*request` becomes NULL) and returns its result: a failure
+// names the rank, the peer and the operation (`oxcclGetLastError`). A NULL `*request` (an
+// ended request) returns `oxcclSuccess` at once.
+//
+// # Safety
+//
+// `request` is readable and writable.
+oxcclResult_t oxcclRequestWait(oxcclRequest_t *request);
+
+// Extension: whether the send or receive of `*request` has finished, without blocking:
+// `*done` 1 and the request ended (`*request` becomes NULL) with its result returned, or
+// `*done` 0 and `oxcclSuccess`. A NULL `*request` is done.
+//
+// # Safety
+//
+// `request` is readable and writable, `done` writable.
+oxcclResult_t oxcclRequestTest(oxcclRequest_t *request, int *done);
 
 // Makes a pre-multiplied sum on `comm`: each rank's input is multiplied by the scalar (of
 // `datatype`) at `scalar`, then summed. With `oxcclScalarHostImmediate` the scalar is copied

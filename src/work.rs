@@ -206,6 +206,69 @@ impl Communicator {
         Ok(self.work(result, (send, recv)))
     }
 
+    /// Starts sending `buf` to `peer` (MPI's `MPI_Isend`, torch's `isend`); [`Work::wait`]
+    /// gives it back once its data has left it. The k-th message this rank sends to a peer
+    /// pairs with the k-th the peer receives from it, however either side started them, and
+    /// started sends and receives run together: a send started before a receive from the same
+    /// peer does not keep the receive waiting, so two ranks may both start their send first.
+    pub fn send_async<T: Element, B: OwnedBuffer<T>>(
+        &self,
+        mut buf: B,
+        peer: Rank,
+    ) -> Result<Work<B>> {
+        let (p, len) = raw(buf.elements());
+        let result = self.start_message(peer, true, p, len)?;
+        Ok(self.work(result, buf))
+    }
+
+    /// Starts receiving into `buf` what `peer` sends ([`Communicator::send_async`]'s
+    /// counterpart); [`Work::wait`] gives it back filled.
+    pub fn recv_async<T: Element, B: OwnedBuffer<T>>(
+        &self,
+        mut buf: B,
+        peer: Rank,
+    ) -> Result<Work<B>> {
+        let (p, len) = raw(buf.elements());
+        let result = self.start_message(peer, false, p, len)?;
+        Ok(self.work(result, buf))
+    }
+
+    /// Queues one send or receive of the `len` bytes at `p`, owned by the caller's [`Work`].
+    fn start_message(
+        &self,
+        peer: Rank,
+        send: bool,
+        p: *mut u8,
+        len: usize,
+    ) -> Result<Arc<OpResult>> {
+        let what = if send { "send" } else { "recv" };
+        if peer >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what}: peer {peer} is not a rank of this communicator of {}",
+                self.rank(),
+                self.size()
+            )));
+        }
+        if peer == self.rank() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what} to or from itself: pair it with its counterpart in one group \
+                 (Communicator::group)",
+                self.rank()
+            )));
+        }
+        // SAFETY: the Work returned with this result owns the buffer (a send's only read, a
+        // receive's written only by this operation) and waits for the operation before it
+        // gives the buffer back or drops it.
+        let result = unsafe { self.submit_point_to_point(&[(peer, send, p, len)]) }?;
+        match result {
+            Some(r) => {
+                self.inner.kick();
+                Ok(r)
+            }
+            None => Ok(Arc::new(OpResult::succeeded())),
+        }
+    }
+
     /// Starts a barrier.
     pub fn barrier_async(&self) -> Result<Work<()>> {
         let plan = Plan::new(Collective::Barrier, 0, crate::types::DataType::U8);

@@ -338,3 +338,105 @@ fn registered_buffers_reduce_alike_where_the_links_need_no_registration() {
         }
     }
 }
+
+/// Sends and receives started one by one, in the order torch.distributed's Gloo users write
+/// them: every rank starts its send to the next rank, then its receive from the previous one
+/// (two ranks both send first). Messages of 8 MiB, more than any link buffers, so a send
+/// completes only once its peer receives it: the receive must run while the send waits. Over
+/// shared memory and TCP, 2 and 3 ranks.
+#[test]
+fn sends_and_receives_started_one_by_one_run_together() {
+    let n = 2 << 20; // u32s: 8 MiB
+    for transport in ["shm", "tcp"] {
+        for size in [2, 3] {
+            let comms = local(size, transport);
+            let out = each(&comms, |c| {
+                let r = c.rank();
+                let (next, prev) = ((r + 1) % size, (r + size - 1) % size);
+                let mine: Vec<u32> = (0..n as u32).map(|i| i ^ (r as u32) << 24).collect();
+                let sent = c.send_async(mine, next).unwrap();
+                let got = c.recv_async(vec![0u32; n], prev).unwrap();
+                let got = got.wait().unwrap();
+                let mine = sent.wait().unwrap();
+                (got, mine)
+            });
+            for (r, (got, _)) in out.iter().enumerate() {
+                let prev = (r + size - 1) % size;
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(i, &v)| v == (i as u32) ^ (prev as u32) << 24),
+                    "{transport}, {size} ranks: rank {r} did not receive rank {prev}'s message"
+                );
+            }
+        }
+    }
+}
+
+/// The k-th send to a peer pairs with the peer's k-th receive from this rank whatever the
+/// groups: two sends in one group meet two blocking receives, and a started receive, a
+/// blocking send and a started send meet their counterparts in another order.
+#[test]
+fn messages_pair_in_order_across_groups() {
+    let comms = local(2, "shm");
+    let out = each(&comms, |c| {
+        if c.rank() == 0 {
+            let (a, b) = (vec![1u64; 300_000], vec![2u64; 5]);
+            let mut g = c.group();
+            g.send(&a, 1).unwrap().send(&b, 1).unwrap();
+            g.run().unwrap();
+            let back = c.recv_async(vec![0u64; 3], 1).unwrap();
+            c.send(&[7u64, 8], 1).unwrap();
+            let last = c.send_async(vec![9u64; 4], 1).unwrap();
+            last.wait().unwrap();
+            back.wait().unwrap()
+        } else {
+            let mut a = vec![0u64; 300_000];
+            let mut b = vec![0u64; 5];
+            c.recv(&mut a, 0).unwrap();
+            c.recv(&mut b, 0).unwrap();
+            assert!(
+                a.iter().all(|&v| v == 1) && b == [2; 5],
+                "rank 1: first two messages"
+            );
+            let (mut x, mut y) = ([0u64; 2], [0u64; 4]);
+            let mut g = c.group();
+            g.recv(&mut x, 0).unwrap().recv(&mut y, 0).unwrap();
+            g.run().unwrap();
+            c.send(&[x[0] + y[0], x[1], y[3]], 0).unwrap();
+            vec![x[0], x[1], y[0]]
+        }
+    });
+    assert_eq!(out[1], vec![7, 8, 9]);
+    assert_eq!(out[0], vec![16, 8, 9]);
+}
+
+/// A receive that does not match the peer's send fails at the receiver with both messages in
+/// the error, and its memory keeps what it held.
+#[test]
+fn a_receive_of_the_wrong_length_is_a_mismatch() {
+    let comms = local(2, "tcp");
+    let out = each(&comms, |c| {
+        if c.rank() == 0 {
+            // Sent eagerly: whether this rank hears of the receiver's failure in time is a race.
+            let _ = c.send(&[1u32; 4], 1);
+            None
+        } else {
+            let w = c.recv_async(vec![5u32; 2], 0).unwrap();
+            Some(w.wait())
+        }
+    });
+    match out[1].as_ref().expect("rank 1") {
+        Err(
+            e @ Error::Mismatch {
+                rank: 1, peer: 0, ..
+            },
+        ) => {
+            let text = e.to_string();
+            for needle in ["receive #0 of 8 B", "send #0 of 16 B"] {
+                assert!(text.contains(needle), "{text:?} lacks {needle:?}");
+            }
+        }
+        other => panic!("rank 1: expected a mismatch with rank 0, got {other:?}"),
+    }
+}

@@ -192,6 +192,16 @@ pub struct oxcclConfig_t {
     pub nvlsCTAs: c_int,
 }
 
+/// A started send or receive; only ever handled through an `oxcclRequest_t`.
+pub struct oxcclRequest {
+    _private: [u8; 0],
+}
+
+/// Handle of a send or receive started by `oxcclSendStart` or `oxcclRecvStart` (an
+/// extension), opaque like `oxcclComm_t`: looked up among the live requests, never
+/// dereferenced. `oxcclRequestWait`, or an `oxcclRequestTest` that finds it done, ends it.
+pub type oxcclRequest_t = *mut oxcclRequest;
+
 /// A registered window; only ever handled through an `oxcclWindow_t`.
 pub struct oxcclWindow {
     _private: [u8; 0],

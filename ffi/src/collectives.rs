@@ -401,9 +401,10 @@ pub unsafe extern "C" fn oxcclScatter(
 }
 
 /// Sends `count` elements of `sendbuff` to `peer`, which receives them with a matching
-/// `oxcclRecv` (same count and type; messages between two ranks match in the order posted).
-/// Alone, the call returns when the data has left `sendbuff`; put sends and receives that
-/// depend on each other (an exchange, a ring shift) in one group.
+/// `oxcclRecv` (same count and type; messages between two ranks match in the order posted,
+/// whatever the groups). Alone, the call returns when the data has left `sendbuff`; put sends
+/// and receives that depend on each other (an exchange, a ring shift) in one group, or start
+/// them (`oxcclSendStart`, `oxcclRecvStart`).
 ///
 /// # Safety
 ///

@@ -39,6 +39,9 @@ pub(crate) struct Entry {
     failed: Mutex<Option<Failure>>,
     /// Operations of a non-blocking communicator not yet seen complete.
     pending: Mutex<Vec<InFlight>>,
+    /// Sends and receives started by `oxcclSendStart` / `oxcclRecvStart`, by request id, until
+    /// waited for.
+    pub(crate) requests: Mutex<BTreeMap<usize, InFlight>>,
     /// Set by `oxcclCommFinalize`: no new operations.
     finalized: AtomicBool,
     /// The operators made by `oxcclRedOpCreatePreMulSum` for this communicator.
@@ -71,6 +74,7 @@ impl Entry {
             blocking,
             failed: Mutex::new(None),
             pending: Mutex::new(Vec::new()),
+            requests: Mutex::new(BTreeMap::new()),
             finalized: AtomicBool::new(false),
             operators: Mutex::new(Operators::default()),
             registered: Mutex::new(BTreeMap::new()),
@@ -191,7 +195,8 @@ impl Entry {
 
     /// Waits for every background operation; the first failure, if any.
     pub(crate) fn drain(&self) -> Outcome {
-        let all = std::mem::take(&mut *lock(&self.pending));
+        let mut all = std::mem::take(&mut *lock(&self.pending));
+        all.extend(std::mem::take(&mut *lock(&self.requests)).into_values());
         let mut first = Ok(());
         for op in all {
             if let Err(e) = op.pending.wait() {

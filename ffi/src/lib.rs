@@ -28,6 +28,8 @@ mod device;
 
 mod dispatch;
 
+mod requests;
+
 mod ops;
 
 mod memory;
@@ -42,6 +44,7 @@ pub use dispatch::*;
 pub use lifecycle::*;
 pub use memory::*;
 pub use ops::*;
+pub use requests::*;
 
 #[cfg(test)]
 mod tests;

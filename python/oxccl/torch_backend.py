@@ -46,13 +46,15 @@ What does not work, and why:
   ``GroupMember.NON_GROUP_MEMBER`` (it still takes part in the split; the others' groups are
   made).
 - ``recv`` / ``irecv`` without a source: oxccl, like NCCL, cannot receive from any source;
-  it raises at once. Tags are ignored.
-- Unbatched ``isend``/``irecv`` between two ranks are matched in the order they are posted:
-  two ranks that both isend to each other before their irecv do not match, and oxccl raises
-  (in ``Work.wait()``, "... does not match rank N's call"; the communicator is then broken).
-  Post them in matching order (one side receives first) or use ``batch_isend_irecv``.
+  it raises at once. Tags are ignored: the k-th message a rank sends to a peer is the peer's
+  k-th receive from it (as on Gloo with one tag). ``isend`` and ``irecv`` start at once
+  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so any order that works on
+  Gloo works here (both ranks sending first included, at any size); a receive whose length
+  differs from the send it pairs with raises "does not match" in its ``wait()``, and the
+  communicator is then broken.
 """
 
+import ctypes
 import datetime
 import queue
 import sys
@@ -170,6 +172,117 @@ class _Work(dist._Work):
 
 def _unwrap(fut):
     return fut.wait()
+
+
+class _P2PWork(dist._Work):
+    """The Work of a send or receive, over oxccl's requests (``oxcclSendStart`` /
+    ``oxcclRecvStart``): they run in the background from the start, and ``wait()`` ends them
+    on the caller's thread (the GIL released), ``is_completed()`` tests them without
+    blocking, and ``get_future()`` is completed by a helper thread made when first asked for.
+    A failure is raised by ``wait()`` (a DistBackendError naming the rank, the peer and the
+    operation) and carried by the future as a real error, as ``_Work``'s."""
+
+    def __init__(self, backend, send, peer, messages, result, what):
+        super().__init__()
+        self._backend = backend
+        self._send = send
+        self._peer = peer
+        self._messages = messages  # (buffer, oxccl dtype, copy-back or None): kept alive
+        self._result = result
+        self._what = what
+        self._requests = []
+        self.issued = None  # the worker's future, where it starts them
+        self._lock = threading.Lock()
+        self._ended = False
+        self._error = None
+        self._base = None
+        self._chained = None
+
+    def start(self, comm):
+        start = lib.oxcclSendStart if self._send else lib.oxcclRecvStart
+        for buf, dtype, _ in self._messages:
+            request = ctypes.c_void_p()
+            code = start(buf.data_ptr(), buf.numel(), dtype, self._peer, comm, ctypes.byref(request))
+            self._backend._check(code, self._what)
+            self._requests.append(request)
+
+    def ended(self):
+        return self._ended
+
+    def _end(self, block):
+        """Ends the requests (waiting for them if ``block``); whether they have ended. Raises
+        the failure, now and on every later call."""
+        if not self._ended:
+            try:
+                if self.issued is not None:
+                    if not block and not self.issued.done():
+                        return False
+                    self.issued.wait()
+                for request in self._requests:
+                    if request.value is None:
+                        continue
+                    if block:
+                        code = lib.oxcclRequestWait(ctypes.byref(request))
+                    else:
+                        done = ctypes.c_int(0)
+                        code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
+                        if code == _lib.SUCCESS and not done.value:
+                            return False
+                    self._backend._check(code, self._what)
+                for _, _, finish in self._messages:
+                    if finish is not None:
+                        finish()
+            except BaseException as e:  # noqa: BLE001 - kept for every later call
+                self._error = e
+            self._ended = True
+            self._messages = None
+            if self._base is not None:
+                self._settle_future()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _settle_future(self):
+        if self._base.done():
+            return
+        if self._error is not None:
+            self._base.set_exception(self._error)
+        else:
+            self._base.set_result(self._result)
+
+    def wait(self, timeout=None):
+        with self._lock:
+            self._end(True)
+        return True
+
+    def is_completed(self):
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return self._end(False)
+        except BaseException:  # noqa: BLE001 - completed, with a failure wait() raises
+            return True
+        finally:
+            self._lock.release()
+
+    def get_future(self):
+        with self._lock:
+            if self._chained is None:
+                self._base = torch.futures.Future()
+                self._chained = self._base.then(_unwrap)
+                if self._ended:
+                    self._settle_future()
+                else:
+                    threading.Thread(
+                        target=self._quietly_wait, name="oxccl-p2p-future", daemon=True
+                    ).start()
+            return self._chained
+
+    def _quietly_wait(self):
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the future carries it
+            pass
 
 
 def _done(result):
@@ -413,6 +526,7 @@ class OxcclBackend(*_BASES):
         self._coalesced = None
         self._jobs = None
         self._queued = 0
+        self._p2p_works = []
         self._queued_lock = threading.Lock()
         self._worker = None
 
@@ -944,26 +1058,45 @@ class OxcclBackend(*_BASES):
     def send(self, tensors, dst, tag=0):
         what = f"send to {dst}"
         self._peer(dst, what)
-        steps = []
+        messages = []
         for t in tensors:
             buf, dtype, _ = self._tensor(t, what)
-            steps.append(_Step(what, self._send_issue(buf, 0, buf.numel(), dtype, dst, what)))
-        return self._run(steps, tensors, True)
+            messages.append((buf, dtype, None))
+        return self._p2p(True, dst, messages, tensors, what)
 
     def recv(self, tensors, src, tag=0):
         what = f"recv from {src}"
         self._peer(src, what)
-        steps = []
+        messages = []
         for t in tensors:
             buf, dtype, copy = self._tensor(t, what)
-            steps.append(
-                _Step(
-                    what,
-                    self._recv_issue(buf, 0, buf.numel(), dtype, src, what),
-                    self._copy_back(t, buf) if copy else None,
-                )
+            messages.append((buf, dtype, self._copy_back(t, buf) if copy else None))
+        return self._p2p(False, src, messages, tensors, what)
+
+    def _p2p(self, send, peer, messages, result, what):
+        """A send or receive: a step of the group being coalesced (batch_isend_irecv), or
+        started now (behind the asynchronous work still queued, by the worker) and waited
+        for through its Work, so that an ``isend`` and the ``irecv`` after it both run while
+        the peer's do, as on Gloo."""
+        if self._coalesced is not None:
+            issue = self._send_issue if send else self._recv_issue
+            self._coalesced.extend(
+                _Step(what, issue(buf, 0, buf.numel(), dtype, peer, what), finish)
+                for buf, dtype, finish in messages
             )
-        return self._run(steps, tensors, True)
+            return _done(result)
+        work = _P2PWork(self, send, peer, messages, result, what)
+        # Works nobody waits for keep their buffers alive until they end (or the
+        # communicator goes, which waits for its requests).
+        self._p2p_works = [w for w in self._p2p_works if not w.ended()]
+        self._p2p_works.append(work)
+        if self._queued == 0:
+            work.start(self._live(what))
+        else:
+            fut = torch.futures.Future()
+            work.issued = fut
+            self._submit([_Step(what, work.start)], [], fut)
+        return work
 
     def recv_anysource(self, tensors, tag=0):
         raise dist.DistBackendError(
@@ -1267,9 +1400,9 @@ if _SUBCLASSABLE:  # torch 2.11 hands Python the group's own _Work
 
 def _patch_batch_isend_irecv():
     """torch 2.11's ``batch_isend_irecv`` batches only on a plain ProcessGroup and otherwise
-    posts the operations one by one, which oxccl (like NCCL) matches in posting order: two
-    ranks that both send first would not match. For an oxccl group (a ProcessGroup subclass
-    where Python cannot subclass the Backend) it runs them as one group instead."""
+    posts the operations one by one (which oxccl runs together too, as separate requests).
+    For an oxccl group (a ProcessGroup subclass where Python cannot subclass the Backend) it
+    runs them as one oxccl group instead: one call, one Work per operation."""
     c10d = dist.distributed_c10d
     original = c10d.batch_isend_irecv
     if getattr(original, "_oxccl", False):

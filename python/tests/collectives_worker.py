@@ -959,10 +959,10 @@ def all_to_all_single(ctx):
 @case(worlds=(2, 3, 4))
 def send_recv(ctx):
     # A ring: every rank sends to rank + 1 and receives from rank - 1, sync and with
-    # isend/irecv. Between two ranks, even ranks send first and odd ranks receive first: oxccl
-    # matches a pair's unbatched sends and receives in order (see p2p_order). Gloo's
-    # send/recv Works have no future ("Work::getFuture not implemented"), oxccl's do:
-    # settle() checks them.
+    # isend/irecv. Sync, even ranks send first and odd ranks receive first (blocking sends of
+    # this size would do on both backends either way; a blocking send first on every rank is
+    # p2p_orders' case for isend). Gloo's send/recv Works have no future ("Work::getFuture
+    # not implemented"), oxccl's do: settle() checks them.
     n, r = ctx.world, ctx.rank
     nxt, prv = (r + 1) % n, (r - 1) % n
     for dtype in ALL:
@@ -974,12 +974,8 @@ def send_recv(ctx):
                 if how == "strided" and d.nc:
                     x, y = strided(x), strided(y)
                 if how == "async":
-                    if r % 2 == 0:
-                        ws = dist.isend(x, group_dst=nxt, group=group)
-                        wr = dist.irecv(y, group_src=prv, group=group)
-                    else:
-                        wr = dist.irecv(y, group_src=prv, group=group)
-                        ws = dist.isend(x, group_dst=nxt, group=group)
+                    ws = dist.isend(x, group_dst=nxt, group=group)
+                    wr = dist.irecv(y, group_src=prv, group=group)
                     if is_oxccl(group):
                         settle(ctx, f"isend {dtype}", ws, True, [x])
                         settle(ctx, f"irecv {dtype}", wr, True, [y])
@@ -1000,33 +996,95 @@ def send_recv(ctx):
             compare(ctx, f"send/recv {how}", run, dtype, asyncs=(False,))
 
 
+# Elements of the large messages of p2p_orders: 16 MiB of float32, more than any link buffers,
+# so a send completes only once its peer receives it.
+P2P_LARGE = 4 << 20
+
+
 @case(worlds=(2, 3, 4))
-def p2p_order(ctx):
-    # LIMITATION (oxccl's matching): a pair of ranks' unbatched sends and receives are matched
-    # in the order they are posted, one message each. So ranks 0 and 1 that both isend to
-    # each other before their irecv do not match. oxccl says so on both ranks, in Work.wait()
-    # (it does not hang, nor move the data): "... does not match rank 1's call: rank 0
-    # called point-to-point group #0 sending 16 B and receiving 0 B, rank 1 called
-    # point-to-point group #0 sending 16 B and receiving 0 B". Gloo (and NCCL, for messages
-    # small enough to be buffered) accept this order; batch_isend_irecv (one group) or the
-    # matching order (one side sends first) work with oxccl. The communicator is broken after
-    # the mismatch, so this runs on a throwaway group.
+def p2p_orders(ctx):
+    # Sends and receives in the orders Gloo users write, which need the send to run while the
+    # same rank's later receive does: every rank isends to rank + 1 and then irecvs from rank -
+    # 1 (two ranks both send first); the ring all-reduce of torch's "Writing Distributed
+    # Applications" tutorial (isend right, blocking recv left, then wait for the send); and
+    # a receive posted before a send whose wait() comes before the next send, which the peer
+    # needs before it answers. Small and large (P2P_LARGE) messages, against Gloo.
+    n, r = ctx.world, ctx.rank
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    for elems in (4, P2P_LARGE):
+
+        def d_values(d, salt, elems=elems):
+            return d(values(torch.float32, (elems,), r, salt, kind="int"))
+
+        def both_send_first(group, _async, d):
+            x = d_values(d, "p2po")
+            y = torch.zeros_like(x)
+            ws = dist.isend(x, group_dst=nxt, group=group)
+            wr = dist.irecv(y, group_src=prv, group=group)
+            wr.wait()
+            ws.wait()
+            return None, [], y
+
+        def tutorial_ring(group, _async, d):
+            acc = d_values(d, "ring")
+            send_buff, recv_buff = acc.clone(), torch.zeros_like(acc)
+            for _ in range(n - 1):
+                req = dist.isend(send_buff, group_dst=nxt, group=group)
+                dist.recv(recv_buff, group_src=prv, group=group)
+                acc += recv_buff
+                req.wait()
+                send_buff, recv_buff = recv_buff, send_buff
+            return None, [], acc
+
+        def answer_after_wait(group, _async, d):
+            a, b = d_values(d, "a"), d_values(d, "b")
+            got = torch.zeros_like(a)
+            if r == 0:
+                wr = dist.irecv(got, group_src=1, group=group)
+                ws = dist.isend(a, group_dst=1, group=group)
+                ws.wait()
+                dist.send(b, group_dst=1, group=group)
+                wr.wait()
+            elif r == 1:
+                ga, gb = torch.zeros_like(a), torch.zeros_like(b)
+                dist.recv(ga, group_src=0, group=group)
+                dist.recv(gb, group_src=0, group=group)
+                dist.send(ga + gb, group_dst=0, group=group)
+                got = ga - gb
+            return None, [], got
+
+        for what, run in (
+            ("isend then irecv", both_send_first),
+            ("tutorial ring all-reduce", tutorial_ring),
+            ("answer after a send's wait", answer_after_wait),
+        ):
+            compare(ctx, f"{what} of {elems * 4} B", run, torch.float32, asyncs=(False,))
+
+
+@case(worlds=(2, 3, 4))
+def p2p_mismatch(ctx):
+    # A receive that does not match the peer's send (8 elements against 16) fails at the
+    # receiver, naming both messages, without writing the data. The communicator is broken
+    # after the mismatch, so this runs on a throwaway group.
     g = dist.new_group(backend="oxccl", timeout=datetime.timedelta(seconds=30))
     r = ctx.rank
-    if r < 2:
-        peer = 1 - r
-        x, y = torch.full((4,), float(r)), torch.zeros(4)
-        ws = dist.isend(x, group_dst=peer, group=g)
-        wr = dist.irecv(y, group_src=peer, group=g)
-        for w, what in ((ws, "isend"), (wr, "irecv")):
-            ctx.expect_error(
-                f"{what} posted in the same order on both ranks",
-                w.wait,
-                "does not match",
-                "point-to-point",
-                types=(dist.DistBackendError,),
-            )
-        ctx.check(torch.equal(y, torch.zeros(4)), "p2p_order", f"the receive wrote {y.tolist()}")
+    if r == 0:
+        try:
+            dist.isend(torch.full((16,), 1.0), group_dst=1, group=g).wait()
+        except dist.DistBackendError:
+            pass  # the receiver's notice may come back first; the receiver's error is checked
+    elif r == 1:
+        y = torch.zeros(8)
+        w = dist.irecv(y, group_src=0, group=g)
+        ctx.expect_error(
+            "a receive of 32 B from a send of 64 B",
+            w.wait,
+            "does not match",
+            "receive #0 of 32 B",
+            "send #0 of 64 B",
+            types=(dist.DistBackendError,),
+        )
+        ctx.check(torch.equal(y, torch.zeros(8)), "p2p_mismatch", f"the receive wrote {y.tolist()}")
     dist.destroy_process_group(g)
 
 

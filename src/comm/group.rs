@@ -1,12 +1,15 @@
 //! Point-to-point messages, alone or in groups (NCCL's `ncclGroupStart`/`ncclGroupEnd`): every
 //! send and receive of a group is posted at once, so paired exchanges (`send` to a peer that
-//! also sends to you) cannot deadlock. Messages between two ranks match in the order posted.
+//! also sends to you) cannot deadlock. Messages between two ranks match in the order posted,
+//! whatever the groups: the k-th send to a peer pairs with the peer's k-th receive from this
+//! rank, and a receive whose length differs fails with a mismatch naming both. Started sends
+//! and receives ([`Communicator::send_async`], [`Communicator::recv_async`]) run together with
+//! the point-to-point operations queued around them.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::exec::descriptor::Descriptor;
 use crate::exec::op::{Message, OpName, OpResult, Operation, Work};
 use crate::types::{Element, Rank};
 
@@ -128,54 +131,43 @@ impl Communicator {
         }
         let slice = comm.inner.means.slice_bytes.max(1);
         let mut messages = Vec::new();
-        let mut totals: Vec<(Rank, u64, u64)> = Vec::new();
-        for &(peer, send, ptr, len) in ops.iter().filter(|o| o.0 != me) {
-            let t = match totals.iter().position(|t| t.0 == peer) {
-                Some(i) => i,
-                None => {
-                    totals.push((peer, 0, 0));
-                    totals.len() - 1
-                }
-            };
-            if send {
-                totals[t].1 += len as u64;
+        let mut peers: Vec<Rank> = Vec::new();
+        let mut st = comm.inner.lock();
+        for &(peer, send, ptr, len) in ops.iter().filter(|o| o.0 != me && o.3 > 0) {
+            if !peers.contains(&peer) {
+                peers.push(peer);
+            }
+            // Numbered per peer and direction under the lock that orders submissions, so the
+            // k-th send to a peer carries number k whatever groups it went in.
+            let count = if send {
+                &mut st.sent[peer]
             } else {
-                totals[t].2 += len as u64;
-            }
-            if len > 0 {
-                messages.push(Message {
-                    peer,
-                    send,
-                    ptr,
-                    len,
-                });
-            }
+                &mut st.received[peer]
+            };
+            let seq = *count;
+            *count += 1;
+            messages.push(Message {
+                peer,
+                send,
+                ptr,
+                len,
+                seq,
+            });
         }
-        if totals.is_empty() {
+        if messages.is_empty() {
             return Ok(None);
         }
         let result = Arc::new(OpResult::default());
-        let mut st = comm.inner.lock();
-        let descriptors: Vec<(Rank, Descriptor)> = totals
-            .iter()
-            .map(|&(peer, sends, recvs)| {
-                let seq = st.groups[peer];
-                st.groups[peer] += 1;
-                (peer, Descriptor::PointToPoint { seq, sends, recvs })
-            })
-            .collect();
-        let peers: Vec<Rank> = totals.iter().map(|t| t.0).collect();
+        for &p in &peers {
+            st.groups[p] += 1;
+        }
         let mark = comm
             .inner
             .trace
             .point_to_point(st.groups[peers[0]] - 1, &peers);
         st.engine.submit(Operation {
             name: OpName::PointToPoint(peers),
-            work: Work::PointToPoint {
-                messages,
-                slice,
-                descriptors,
-            },
+            work: Work::PointToPoint { messages, slice },
             input: (std::ptr::null(), 0),
             output: (std::ptr::null_mut(), 0),
             result: result.clone(),

@@ -99,8 +99,13 @@ struct State {
     engine: Engine,
     /// Sequence number of the next collective.
     collectives: u64,
-    /// Per peer, sequence number of the next point-to-point group involving it.
+    /// Per peer, sequence number of the next point-to-point group involving it (for the
+    /// flight recorder).
     groups: Vec<u64>,
+    /// Per peer, how many messages this rank has queued to it and from it: the number of the
+    /// next send's and the next receive's descriptor.
+    sent: Vec<u64>,
+    received: Vec<u64>,
     /// Number of splits so far (names the children's store namespaces).
     splits: u64,
     /// Number of shrinks so far (the same).
@@ -668,7 +673,7 @@ impl Inner {
     }
 
     /// Wakes (starting it if needed) the thread that drives asynchronous operations.
-    fn kick(self: &Arc<Self>) {
+    pub(crate) fn kick(self: &Arc<Self>) {
         if !self.background.started.swap(true, Ordering::AcqRel) {
             let weak: Weak<Inner> = Arc::downgrade(self);
             let spawned = std::thread::Builder::new()

@@ -309,6 +309,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 engine,
                 collectives: 0,
                 groups: vec![0; size],
+                sent: vec![0; size],
+                received: vec![0; size],
                 splits: 0,
                 shrinks: 0,
                 cache: Default::default(),

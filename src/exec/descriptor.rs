@@ -50,13 +50,14 @@ pub enum Descriptor {
         /// Message slice size.
         slice_bytes: u32,
     },
-    /// A group of point-to-point operations between this pair.
+    /// A point-to-point message: a send's descriptor travels ahead of its bytes; a receive's
+    /// is what that one must match.
     PointToPoint {
-        /// Sequence number among the groups this pair shared.
+        /// The message's number among the sender's messages to the receiver.
         seq: u64,
-        /// Bytes the sender sends to the receiver in the group.
+        /// Bytes the describing rank sends (a send's length, 0 for a receive).
         sends: u64,
-        /// Bytes the sender expects from the receiver in the group.
+        /// Bytes the describing rank receives (a receive's length, 0 for a send).
         recvs: u64,
     },
 }
@@ -190,12 +191,14 @@ impl fmt::Display for Descriptor {
                 }
                 write!(f, " (algorithm {algorithm}, slices of {slice_bytes} B)")
             }
-            Descriptor::PointToPoint { seq, sends, recvs } => {
-                write!(
+            Descriptor::PointToPoint { seq, sends, recvs } => match (sends, recvs) {
+                (s, 0) => write!(f, "send #{seq} of {s} B"),
+                (0, r) => write!(f, "receive #{seq} of {r} B"),
+                (s, r) => write!(
                     f,
-                    "point-to-point group #{seq} sending {sends} B and receiving {recvs} B"
-                )
-            }
+                    "point-to-point message #{seq} sending {s} B and receiving {r} B"
+                ),
+            },
         }
     }
 }

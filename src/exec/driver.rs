@@ -9,7 +9,10 @@
 //! for every queued operation, in order. A blocking call drives its own operation on the calling
 //! thread (no hand-off, so no wake-up latency); asynchronous operations are driven by a
 //! background thread, or by whoever waits on them. Operations run one at a time in submission
-//! order, so the messages of consecutive collectives never interleave on a link.
+//! order, so the messages of consecutive collectives never interleave on a link — except
+//! point-to-point operations queued one after another, which run together as one batch
+//! (`batch`: each message carries its own descriptor, so they pair per peer and direction
+//! whatever the groups).
 //!
 //! # Waiting
 //!
@@ -36,10 +39,11 @@ use oxccl_transport::{Completion, Link, RecvBuf, RecvInto, SendBuf, Token, Trans
 
 use super::area::AreaPath;
 use super::backoff::{Backoff, Phase};
+use super::batch::{Batch, Post};
 use super::descriptor::{self, Descriptor};
 use super::flags::Flags;
 use super::notice;
-use super::op::{Message, OpName, OpResult, Operation, Work};
+use super::op::{OpName, OpResult, Operation, Work};
 use super::progress::{Action, Progress};
 use crate::algo::{Buffer, Op, Plan, Region};
 use crate::error::{Error, Result};
@@ -91,6 +95,16 @@ const KIND_STEP: u64 = 0;
 const KIND_DESC_SEND: u64 = 1;
 const KIND_DESC_RECV: u64 = 2;
 const KIND_MESSAGE: u64 = 3;
+const KIND_P2P_DESC: u64 = 4;
+
+/// The token of a post for point-to-point message `id` of the batch numbered `serial`.
+pub(super) fn p2p_token(serial: u64, post: Post, id: u64) -> Token {
+    let kind = match post {
+        Post::Descriptor => KIND_P2P_DESC,
+        Post::Slice => KIND_MESSAGE,
+    };
+    token(serial, kind, (id & 0xFFFF_FFFF) as usize)
+}
 
 fn token(serial: u64, kind: u64, index: usize) -> Token {
     ((serial & 0xFF_FFFF) << 40) | (kind << 32) | index as u64
@@ -99,113 +113,6 @@ fn token(serial: u64, kind: u64, index: usize) -> Token {
 fn split_token(t: Token) -> (u64, u64, usize) {
     (t >> 40, (t >> 32) & 0xFF, (t & 0xFFFF_FFFF) as usize)
 }
-
-/// The most bytes of a point-to-point group's messages to or from one peer, in one direction,
-/// posted and not yet completed (at least [`MIN_IN_FLIGHT`] slices, at most [`MAX_IN_FLIGHT`]):
-/// enough to keep a link busy, and what the engine and the link queue for a group stays bounded
-/// however long its messages are and however small the slices.
-const IN_FLIGHT_BYTES: usize = 16 << 20;
-const MIN_IN_FLIGHT: usize = 4;
-const MAX_IN_FLIGHT: usize = 4096;
-
-/// The messages of a point-to-point group to or from one peer in one direction, in the
-/// caller's order, posted a slice at a time (in that order, as the peer posts the other side),
-/// at most `window` in flight.
-struct Queue {
-    peer: Rank,
-    send: bool,
-    /// The messages: memory and length.
-    items: Vec<(*mut u8, usize)>,
-    /// The next slice: message `at`, from byte `off`.
-    at: usize,
-    off: usize,
-    in_flight: usize,
-    window: usize,
-    slice: usize,
-}
-
-impl Queue {
-    /// Per peer and direction, in order of first appearance, the non-empty messages of `ms`.
-    fn of(ms: &[Message], slice: usize) -> Vec<Queue> {
-        let slice = slice.max(1);
-        let window = (IN_FLIGHT_BYTES / slice).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT);
-        let mut queues: Vec<Queue> = Vec::new();
-        for m in ms.iter().filter(|m| m.len > 0) {
-            let q = match queues
-                .iter()
-                .position(|q| q.peer == m.peer && q.send == m.send)
-            {
-                Some(q) => q,
-                None => {
-                    queues.push(Queue {
-                        peer: m.peer,
-                        send: m.send,
-                        items: Vec::new(),
-                        at: 0,
-                        off: 0,
-                        in_flight: 0,
-                        window,
-                        slice,
-                    });
-                    queues.len() - 1
-                }
-            };
-            queues[q].items.push((m.ptr, m.len));
-        }
-        queues
-    }
-
-    /// Whether every slice was posted.
-    fn posted(&self) -> bool {
-        self.at >= self.items.len()
-    }
-
-    /// The next slice to post, if the window has room: its memory and length.
-    fn next(&mut self) -> Option<(*mut u8, usize)> {
-        if self.in_flight >= self.window {
-            return None;
-        }
-        let &(ptr, len) = self.items.get(self.at)?;
-        let n = self.slice.min(len - self.off);
-        // SAFETY: `off + n <= len`: within the caller's message.
-        let p = unsafe { ptr.add(self.off) };
-        self.off += n;
-        if self.off == len {
-            (self.at, self.off) = (self.at + 1, 0);
-        }
-        self.in_flight += 1;
-        Some((p, n))
-    }
-}
-
-/// Posts what `q`'s window has room for on `link` (tokens carry the queue's index); counts
-/// each in `outstanding`.
-fn feed(
-    link: &mut dyn Link,
-    serial: u64,
-    (index, q): (usize, &mut Queue),
-    outstanding: &mut usize,
-) -> std::result::Result<(), TransportError> {
-    let t = token(serial, KIND_MESSAGE, index);
-    while let Some((ptr, len)) = q.next() {
-        *outstanding += 1;
-        // SAFETY: the submitter keeps the message memory valid until the result is set; links
-        // are cancelled before that on failure.
-        unsafe {
-            if q.send {
-                link.post_send(t, SendBuf::new(ptr, len))?;
-            } else {
-                link.post_recv(t, RecvInto::Memory(RecvBuf::new(ptr, len)))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-// SAFETY: a queue's pointers are a running point-to-point operation's messages (see
-// `Operation`'s Send): memory its submitter keeps valid until the result is set, dereferenced
-// only by links while the engine runs the operation.
-unsafe impl Send for Queue {}
 
 /// The running operation's state.
 struct Running {
@@ -218,11 +125,8 @@ struct Running {
     /// is posted and never grow, so their elements' addresses stay put for zero-copy sends.
     desc_out: Vec<(Rank, [u8; descriptor::LEN])>,
     desc_in: Vec<(Rank, [u8; descriptor::LEN], bool)>,
-    /// Completions still expected outside the schedule: descriptor sends and receives, and
-    /// point-to-point slices.
+    /// Completions still expected outside the schedule: descriptor sends and receives.
     outstanding: usize,
-    /// A point-to-point group's messages, per peer and direction.
-    queues: Vec<Queue>,
 }
 
 impl Running {
@@ -234,12 +138,6 @@ impl Running {
             .find(|(_, _, got)| !got)
             .map(|(p, _, _)| *p)
             .or_else(|| self.progress.as_ref().and_then(|p| p.waiting_for().next()))
-            .or_else(|| {
-                self.queues
-                    .iter()
-                    .find(|q| q.in_flight > 0 || !q.posted())
-                    .map(|q| q.peer)
-            })
     }
 }
 
@@ -251,6 +149,10 @@ pub struct Engine {
     dead: Vec<Option<String>>,
     queue: VecDeque<Operation>,
     running: Option<Running>,
+    /// The running point-to-point operations (never while `running` is).
+    batch: Option<Batch>,
+    /// The last batch, done, kept for its memory.
+    spare: Option<Batch>,
     serial: u64,
     scratch: Vec<u64>,
     completions: Vec<(Rank, Completion)>,
@@ -287,6 +189,8 @@ impl Engine {
             links,
             queue: VecDeque::new(),
             running: None,
+            batch: None,
+            spare: None,
             serial: 0,
             scratch: Vec::new(),
             completions: Vec::new(),
@@ -386,7 +290,7 @@ impl Engine {
 
     /// Whether operations are queued or running.
     pub fn busy(&self) -> bool {
-        self.running.is_some() || !self.queue.is_empty()
+        self.running.is_some() || self.batch.is_some() || !self.queue.is_empty()
     }
 
     /// Drives until `result` is set.
@@ -425,11 +329,14 @@ impl Engine {
                     let peer = r.waited_for();
                     let step = r.progress.as_ref().map_or(0, Progress::done_steps);
                     self.recorder.waiting(peer, Some(step as u64));
+                } else if let Some(b) = &self.batch {
+                    self.recorder.waiting(b.waited_for(), None);
                 }
                 let until = self
                     .running
                     .as_ref()
                     .map(|r| r.deadline)
+                    .or_else(|| self.batch.as_ref().and_then(Batch::deadline))
                     .unwrap_or(now + MAX_BLOCK);
                 self.block(until.saturating_duration_since(now).min(MAX_BLOCK));
             }
@@ -509,6 +416,9 @@ impl Engine {
         {
             let op = match (&self.running, self.queue.front()) {
                 (Some(r), _) => r.op.name.to_string(),
+                (None, _) if let Some(op) = self.batch.as_ref().and_then(Batch::head) => {
+                    op.name.to_string()
+                }
                 (None, Some(op)) => op.name.to_string(),
                 (None, None) => return false,
             };
@@ -522,22 +432,52 @@ impl Engine {
         }
         let mut moved = false;
         if self.running.is_none() {
-            let Some(op) = self.queue.pop_front() else {
-                return false;
-            };
-            if matches!(op.work, Work::Area { .. }) {
-                self.run_area(op);
-                return true;
+            // Point-to-point operations join the running batch (or start one) while they are
+            // next; anything else waits for the batch to end.
+            while self.broken.is_none()
+                && self
+                    .queue
+                    .front()
+                    .is_some_and(|op| matches!(op.work, Work::PointToPoint { .. }))
+            {
+                let op = self.queue.pop_front().expect("looked");
+                self.join(op);
+                moved = true;
             }
-            self.start(op);
-            moved = true;
+            if self.batch.is_none() && !moved {
+                let Some(op) = self.queue.pop_front() else {
+                    return false;
+                };
+                if matches!(op.work, Work::Area { .. }) {
+                    self.run_area(op);
+                    return true;
+                }
+                self.start(op);
+                moved = true;
+            }
         }
         moved |= self.act();
         moved |= self.poll_links();
+        if let Some(b) = &self.batch {
+            if b.is_empty() {
+                self.spare = self.batch.take();
+                return true;
+            }
+            if let Some(deadline) = b.deadline()
+                && Instant::now() >= deadline
+            {
+                let e = Error::Timeout {
+                    rank: self.rank,
+                    op: b.head().map_or_else(String::new, |op| op.name.to_string()),
+                    peer: b.waited_for(),
+                    after: self.timeout,
+                };
+                self.fail_with(e);
+                return true;
+            }
+        }
         if let Some(r) = &self.running {
-            let done = r.outstanding == 0
-                && r.progress.as_ref().is_none_or(|p| p.is_done())
-                && r.queues.iter().all(Queue::posted);
+            let done = r.outstanding == 0 && r.progress.as_ref().is_none_or(|p| p.is_done());
             if done {
                 let r = self.running.take().expect("checked");
                 r.op.settle(&self.recorder, Ok(()));
@@ -713,8 +653,79 @@ impl Engine {
         }
     }
 
-    /// Starts `op`: binds scratch, posts descriptors (and, for point-to-point, the first window
-    /// of its messages per peer and direction; each completion posts the next slice).
+    /// Adds point-to-point operation `op` to the running batch, or starts one: posts what
+    /// the windows of its peers and directions have room for (each completion posts more).
+    fn join(&mut self, op: Operation) {
+        if let Work::PointToPoint { messages, .. } = &op.work {
+            let peers = || messages.iter().map(|m| m.peer);
+            if let Some(peer) = peers().find(|&p| self.links.get(p).is_none_or(Option::is_none))
+                && self.dead.get(peer).is_none_or(Option::is_none)
+            {
+                let e = Error::InvalidArgument(format!(
+                    "rank {}: {} names rank {peer}, which has no link",
+                    self.rank, op.name
+                ));
+                op.settle(&self.recorder, Err(e));
+                return;
+            }
+            if let Some((peer, why)) =
+                peers().find_map(|p| self.dead.get(p)?.clone().map(|w| (p, w)))
+            {
+                let e = Error::PeerFailed {
+                    rank: self.rank,
+                    peer,
+                    op: op.name.to_string(),
+                    cause: why,
+                };
+                self.queue.push_front(op);
+                self.fail_with(e);
+                return;
+            }
+        }
+        self.recorder.start(op.mark);
+        if self.batch.is_none() {
+            self.serial = self.serial.wrapping_add(1);
+            let slice = match &op.work {
+                Work::PointToPoint { slice, .. } => *slice,
+                _ => 1,
+            };
+            let serial = self.serial;
+            self.batch = Some(match self.spare.take() {
+                Some(b) => b.reuse(serial, slice),
+                None => Batch::new(serial, slice),
+            });
+        }
+        let batch = self.batch.as_mut().expect("made above");
+        batch.join(op, self.timeout);
+        batch.settle_done(&self.recorder);
+        if batch.is_empty() {
+            self.spare = self.batch.take();
+            return;
+        }
+        for i in 0.. {
+            let Some(&lane) = self.batch.as_ref().and_then(|b| b.joined.get(i)) else {
+                break;
+            };
+            if let Err((peer, e)) = self.feed(lane) {
+                self.link_failed(peer, e);
+                return;
+            }
+        }
+    }
+
+    /// Posts what the batch's `lane` has room for on its link.
+    fn feed(&mut self, lane: usize) -> std::result::Result<(), (Rank, TransportError)> {
+        let Some(batch) = self.batch.as_mut() else {
+            return Ok(());
+        };
+        let peer = batch.lane_peer(lane);
+        let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        batch.feed(lane, link.as_mut()).map_err(|e| (peer, e))
+    }
+
+    /// Starts `op`: binds scratch, posts descriptors.
     fn start(&mut self, op: Operation) {
         self.recorder.start(op.mark);
         self.serial = self.serial.wrapping_add(1);
@@ -728,7 +739,6 @@ impl Engine {
             desc_out: Vec::new(),
             desc_in: Vec::new(),
             outstanding: 0,
-            queues: Vec::new(),
             op,
         };
         let (peers, descs): (Vec<Rank>, Vec<Descriptor>) = match &running.op.work {
@@ -746,9 +756,9 @@ impl Engine {
                 let descs = vec![*descriptor; peers.len()];
                 (peers, descs)
             }
-            Work::PointToPoint { descriptors, .. } => descriptors.iter().copied().unzip(),
-            Work::Area { .. } => {
-                // `pass` hands area operations to `run_area`; never started here.
+            Work::PointToPoint { .. } | Work::Area { .. } => {
+                // `pass` hands area operations to `run_area` and point-to-point ones to `join`;
+                // never started here.
                 let e = Error::InvalidArgument(format!(
                     "rank {}: {} cannot run on links",
                     self.rank, running.op.name
@@ -812,23 +822,6 @@ impl Engine {
                 self.running = Some(running);
                 self.link_failed(peer, e);
                 return;
-            }
-        }
-        if let Work::PointToPoint {
-            messages, slice, ..
-        } = &running.op.work
-        {
-            running.queues = Queue::of(messages, *slice);
-            for (i, q) in running.queues.iter_mut().enumerate() {
-                let Some(link) = self.links.get_mut(q.peer).and_then(Option::as_mut) else {
-                    continue;
-                };
-                if let Err(e) = feed(link.as_mut(), serial, (i, q), &mut running.outstanding) {
-                    let peer = q.peer;
-                    self.running = Some(running);
-                    self.link_failed(peer, e);
-                    return;
-                }
             }
         }
         self.running = Some(running);
@@ -1014,6 +1007,7 @@ impl Engine {
         self.running
             .as_ref()
             .is_some_and(|r| r.desc_in.iter().any(|(p, _, _)| *p == peer))
+            || self.batch.as_ref().is_some_and(|b| b.uses(peer))
     }
 
     /// Handles one completion from `peer`'s link.
@@ -1028,6 +1022,9 @@ impl Engine {
         };
         let (serial, kind, index) = split_token(t);
         let rank = self.rank;
+        if kind == KIND_MESSAGE || kind == KIND_P2P_DESC {
+            return self.handle_p2p(serial, kind, index);
+        }
         let Some(r) = self.running.as_mut() else {
             return Ok(());
         };
@@ -1036,20 +1033,6 @@ impl Engine {
         }
         match kind {
             KIND_DESC_SEND => r.outstanding -= 1,
-            KIND_MESSAGE => {
-                r.outstanding -= 1;
-                let serial = r.serial;
-                let Some(q) = r.queues.get_mut(index) else {
-                    return Ok(());
-                };
-                q.in_flight = q.in_flight.saturating_sub(1);
-                let peer = q.peer;
-                if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut)
-                    && let Err(e) = feed(link.as_mut(), serial, (index, q), &mut r.outstanding)
-                {
-                    return Err(self.transport_error(peer, e));
-                }
-            }
             KIND_DESC_RECV => {
                 r.outstanding -= 1;
                 let (peer, buf, got) = &mut r.desc_in[index];
@@ -1108,17 +1091,63 @@ impl Engine {
         Ok(())
     }
 
+    /// Handles the completion of a point-to-point post.
+    fn handle_p2p(&mut self, serial: u64, kind: u64, index: usize) -> Result<()> {
+        let rank = self.rank;
+        let Some(b) = self.batch.as_mut() else {
+            return Ok(());
+        };
+        if serial != b.serial & 0xFF_FFFF {
+            return Ok(()); // an earlier batch's: cannot happen, ignore
+        }
+        let post = if kind == KIND_P2P_DESC {
+            Post::Descriptor
+        } else {
+            Post::Slice
+        };
+        match b.complete(post, index as u32, &self.recorder) {
+            Ok(Some(_)) if b.is_empty() => {
+                // Gone as soon as done, so that the next call finds the engine idle (an area
+                // collective then runs on the caller's thread, unqueued).
+                self.spare = self.batch.take();
+                Ok(())
+            }
+            Ok(Some(lane)) => self
+                .feed(lane)
+                .map_err(|(peer, e)| self.transport_error(peer, e)),
+            Ok(None) => Ok(()),
+            Err(m) => {
+                if let Some(link) = self.links.get_mut(m.peer).and_then(Option::as_mut) {
+                    let _ = link.post_control(&notice::mismatch(&m.ours));
+                }
+                Err(Error::Mismatch {
+                    rank,
+                    peer: m.peer,
+                    op: m.op,
+                    ours: m.ours.to_string(),
+                    theirs: m.theirs,
+                })
+            }
+        }
+    }
+
     /// The error a peer's control notice stands for.
     fn notice(&self, peer: Rank, bytes: &[u8]) -> Error {
         let op = self
             .running
             .as_ref()
-            .map_or_else(|| "the next operation".into(), |r| r.op.name.to_string());
+            .map(|r| r.op.name.to_string())
+            .or_else(|| {
+                let b = self.batch.as_ref()?;
+                b.head().map(|op| op.name.to_string())
+            })
+            .unwrap_or_else(|| "the next operation".into());
         let ours = self
             .running
             .as_ref()
             .and_then(|r| r.desc_out.first())
-            .and_then(|(_, d)| Descriptor::decode(&d[..]));
+            .and_then(|(_, d)| Descriptor::decode(&d[..]))
+            .or_else(|| self.batch.as_ref().and_then(Batch::first_descriptor));
         let ours = ours.map_or("nothing".into(), |d| d.to_string());
         notice::decode(bytes, (self.rank, self.links.len()), peer, op, ours)
     }
@@ -1131,7 +1160,12 @@ impl Engine {
         let op = self
             .running
             .as_ref()
-            .map_or_else(|| "idle".into(), |r| r.op.name.to_string());
+            .map(|r| r.op.name.to_string())
+            .or_else(|| {
+                let b = self.batch.as_ref()?;
+                b.head().map(|op| op.name.to_string())
+            })
+            .unwrap_or_else(|| "idle".into());
         Error::PeerFailed {
             rank: self.rank,
             peer,
@@ -1229,6 +1263,7 @@ impl Engine {
             // The call the error goes to is the running one, or else the first queued one
             // (below): the dump shows it as the failed call.
             if self.running.is_none()
+                && self.batch.is_none()
                 && let Some(op) = self.queue.front()
             {
                 self.recorder.start(op.mark);
@@ -1236,6 +1271,9 @@ impl Engine {
             self.recorder.failed(e);
         }
         let mut error = error;
+        if let Some(b) = self.batch.take() {
+            b.fail(self.rank, error.take(), &why, &self.recorder);
+        }
         if self.running.is_none()
             && let Some(e) = error.take()
             && let Some(op) = self.queue.pop_front()

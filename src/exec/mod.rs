@@ -10,6 +10,7 @@
 
 pub mod area;
 mod backoff;
+mod batch;
 pub mod descriptor;
 pub mod driver;
 pub mod flags;

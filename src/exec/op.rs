@@ -45,6 +45,13 @@ impl OpResult {
         }
     }
 
+    /// A result slot that holds success already (an operation with nothing to do).
+    pub(crate) fn succeeded() -> OpResult {
+        let r = OpResult::default();
+        r.set(Ok(()));
+        r
+    }
+
     /// Takes the result once the operation is done.
     pub fn take(&self) -> Option<Result<()>> {
         if !self.is_done() {
@@ -89,7 +96,9 @@ pub enum Work {
         seq: u64,
     },
     /// Point-to-point messages, all posted at once (so paired sends and receives cannot
-    /// deadlock), after exchanging a descriptor with each peer.
+    /// deadlock), each after its descriptor. Point-to-point operations queued one after another
+    /// run together (the engine joins them to the running batch), so one rank's send and its
+    /// later receive are both posted while the peer's are.
     PointToPoint {
         /// The messages, whole and in the caller's order: the engine posts them a slice at a
         /// time, a bounded number in flight per peer and direction (so what it holds does not
@@ -97,8 +106,6 @@ pub enum Work {
         messages: Vec<Message>,
         /// The longest slice a link carries.
         slice: usize,
-        /// Per peer, this rank's descriptor for the group.
-        descriptors: Vec<(Rank, Descriptor)>,
     },
 }
 
@@ -111,8 +118,25 @@ pub struct Message {
     pub send: bool,
     /// The memory.
     pub ptr: *mut u8,
-    /// Its length.
+    /// Its length (never 0: empty messages are not sent).
     pub len: usize,
+    /// Its number among this rank's messages to (a send) or from (a receive) `peer`: the k-th
+    /// send to a peer pairs with the peer's k-th receive from this rank, whatever the groups.
+    pub seq: u64,
+}
+
+impl Message {
+    /// This rank's descriptor of the message: a send's is sent ahead of its bytes, and a
+    /// receive's must match the one that arrives.
+    pub fn descriptor(&self) -> Descriptor {
+        let len = self.len as u64;
+        let (sends, recvs) = if self.send { (len, 0) } else { (0, len) };
+        Descriptor::PointToPoint {
+            seq: self.seq,
+            sends,
+            recvs,
+        }
+    }
 }
 
 /// What an operation is called in errors: formatted only when needed.

@@ -1158,3 +1158,129 @@ fn sends_and_receives_on_device_memory_alone_and_in_groups() {
     });
     destroy(comms);
 }
+
+/// `oxcclSendStart` / `oxcclRecvStart`: both ranks start their send first (4 MiB, more than
+/// a link buffers), then their receive; `oxcclRequestTest` polls one until done and
+/// `oxcclRequestWait` ends the other. Then what a caller can get wrong: NULL arguments, a
+/// request used again after it ended, one inside a group, a destroyed communicator's.
+#[test]
+fn started_sends_and_receives_run_together_and_end_once() {
+    const N: usize = 1 << 20; // i32s
+    let comms = init_all(2);
+    on_each(&comms, |r, c| {
+        let peer = 1 - r as c_int;
+        let mine: Vec<i32> = (0..N as i32)
+            .map(|i| i.wrapping_mul(3) ^ r as i32)
+            .collect();
+        let mut got = vec![0i32; N];
+        let (mut send, mut recv): (oxcclRequest_t, oxcclRequest_t) = (null_mut(), null_mut());
+        // SAFETY: the buffers outlive the requests, which end below.
+        unsafe {
+            ok(oxcclSendStart(
+                void(&mine),
+                N,
+                oxcclInt32,
+                peer,
+                c,
+                &mut send,
+            ));
+            ok(oxcclRecvStart(
+                void_mut(&mut got),
+                N,
+                oxcclInt32,
+                peer,
+                c,
+                &mut recv,
+            ));
+            assert!(!send.is_null() && !recv.is_null() && send != recv);
+            let mut done: c_int = 0;
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while done == 0 {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "rank {r}: the receive never ended"
+                );
+                ok(oxcclRequestTest(&mut recv, &mut done));
+            }
+            assert!(recv.is_null(), "a request that tested done is ended");
+            ok(oxcclRequestWait(&mut send));
+            assert!(send.is_null());
+            // Ended requests: NULL handles are done at once.
+            ok(oxcclRequestWait(&mut send));
+            ok(oxcclRequestTest(&mut recv, &mut done));
+            assert_eq!(done, 1);
+        }
+        let want = |i: usize| (i as i32).wrapping_mul(3) ^ peer;
+        assert!((0..N).all(|i| got[i] == want(i)), "rank {r}: wrong data");
+    });
+    let c = comms[0].get();
+    let buf = [0i32; 4];
+    // SAFETY: NULL and stale handles are what the boundary must refuse without touching them.
+    unsafe {
+        fails(
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, c, null_mut()),
+            oxcclInvalidArgument,
+            "request is NULL",
+        );
+        fails(
+            oxcclRequestWait(null_mut()),
+            oxcclInvalidArgument,
+            "request is NULL",
+        );
+        let mut stale: oxcclRequest_t = std::ptr::without_provenance_mut(usize::MAX - 15);
+        fails(
+            oxcclRequestWait(&mut stale),
+            oxcclInvalidArgument,
+            "not a live request",
+        );
+        let mut done = 0;
+        fails(
+            oxcclRequestTest(&mut stale, null_mut()),
+            oxcclInvalidArgument,
+            "done is NULL",
+        );
+        fails(
+            oxcclRequestTest(&mut stale, &mut done),
+            oxcclInvalidArgument,
+            "not a live request",
+        );
+        let mut req = null_mut();
+        fails(
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 2, c, &mut req),
+            oxcclInvalidArgument,
+            "peer",
+        );
+        ok(oxcclGroupStart());
+        fails(
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, c, &mut req),
+            oxcclInvalidUsage,
+            "cannot be part of a group",
+        );
+        ok(oxcclGroupEnd());
+        assert!(req.is_null(), "a refused start writes no request");
+    }
+    // A request outstanding at destroy: destroy waits for it (here it fails: the peer's
+    // communicator is gone first, or the receive has nothing to match), and the handle is
+    // unknown afterwards.
+    let mut got = [0i32; 4];
+    let mut pending = null_mut();
+    // SAFETY: `got` outlives the request: destroy waits for it.
+    unsafe {
+        ok(oxcclRecvStart(
+            void_mut(&mut got),
+            4,
+            oxcclInt32,
+            0,
+            comms[1].get(),
+            &mut pending,
+        ))
+    };
+    ok(oxcclCommAbort(comms[0].get()));
+    ok(oxcclCommDestroy(comms[1].get()));
+    // SAFETY: a stale handle, refused without a dereference.
+    fails(
+        unsafe { oxcclRequestWait(&mut pending) },
+        oxcclInvalidArgument,
+        "not a live request",
+    );
+}

@@ -144,6 +144,23 @@ static void collectives(oxcclComm_t comm, int me, int n) {
   CHECK(oxcclGroupEnd());
   for (i = 0; i < K; i++) EXPECT(a2a_out[i] == ((me + n - 1) % n) * 1000 + i, "send/recv", i);
 
+  /* the same shift started one call at a time, every rank sending first (extension) */
+  if (n > 1) {
+    oxcclRequest_t sreq = NULL, rreq = NULL;
+    int done = 0;
+    for (i = 0; i < K; i++) a2a_out[i] = -1;
+    CHECK(oxcclSendStart(bcast, K, oxcclInt32, (me + 1) % n, comm, &sreq));
+    CHECK(oxcclRecvStart(a2a_out, K, oxcclInt32, (me + n - 1) % n, comm, &rreq));
+    while (!done) CHECK(oxcclRequestTest(&rreq, &done));
+    CHECK(oxcclRequestWait(&sreq));
+    if (sreq != NULL || rreq != NULL) {
+      fprintf(stderr, "rank %d: ended requests are not NULL\n", me);
+      exit(1);
+    }
+    for (i = 0; i < K; i++)
+      EXPECT(a2a_out[i] == ((me + n - 1) % n) * 1000 + i, "started send/recv", i);
+  }
+
   CHECK(oxcclBarrier(comm, NULL));
   free(gathered);
   free(rs_in);
@@ -180,6 +197,13 @@ static void errors(oxcclComm_t comm, int n) {
         "root");
   FAILS(oxcclSend(a, 8, oxcclFloat32, n, comm, NULL), oxcclInvalidArgument, "peer");
   FAILS(oxcclRecv(a, 8, oxcclFloat32, -1, comm, NULL), oxcclInvalidArgument, "peer");
+  {
+    oxcclRequest_t req = NULL, stale = (oxcclRequest_t)(void *)&x;
+    FAILS(oxcclSendStart(a, 8, oxcclFloat32, n, comm, &req), oxcclInvalidArgument, "peer");
+    FAILS(oxcclRecvStart(a, 8, oxcclFloat32, 0, comm, NULL), oxcclInvalidArgument, "request");
+    FAILS(oxcclRequestWait(&stale), oxcclInvalidArgument, "not a live request");
+    FAILS(oxcclRequestTest(&stale, NULL), oxcclInvalidArgument, "done");
+  }
   /* The barrier takes no stream (collectives, sends and receives with a stream take device
    * memory: ffi/src/tests, on a GPU). */
   FAILS(oxcclBarrier(comm, (void *)&x), oxcclInvalidUsage, "stream");

@@ -527,8 +527,19 @@ impl Communicator {
 }
 
 impl Inner {
+    /// The communicator's lock; a thread that has to wait for it asks the progress thread to
+    /// let go ([`Flags::want`]).
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        match self.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.flags.want();
+                let g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                self.flags.got();
+                g
+            }
+        }
     }
 
     /// The routing decision for `plan`, logging the priced candidates once per collective,
@@ -735,13 +746,20 @@ fn progress_thread(weak: Weak<Inner>) {
             *wake = false;
         }
         loop {
-            let mut st = inner.lock();
+            let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
             if !st.engine.busy() {
                 break;
             }
             st.engine.drive_for(Duration::from_millis(5));
             drop(st);
             std::thread::yield_now();
+            // A thread that queues an operation gets the lock before this one takes it back.
+            for _ in 0..1000 {
+                if !inner.flags.wanted() {
+                    break;
+                }
+                std::thread::yield_now();
+            }
         }
     }
 }

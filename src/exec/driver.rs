@@ -305,11 +305,13 @@ impl Engine {
         }
     }
 
-    /// Drives until nothing is queued or running, or `budget` has passed.
+    /// Drives until nothing is queued or running, `budget` has passed, or another thread
+    /// waits for the communicator's lock (to queue an operation: a send's peer may wait for
+    /// this rank's next receive).
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
         let mut backoff = Backoff::new(self.pace.spin, self.pace.sleep);
-        while self.busy() && Instant::now() < end {
+        while self.busy() && Instant::now() < end && !self.flags.wanted() {
             if self.pass() {
                 backoff.reset();
                 continue;
@@ -395,6 +397,9 @@ impl Engine {
                 tv_nsec: timeout.subsec_nanos() as i64,
             };
             let _ = rustix::event::poll(&mut pollfds, Some(&ts));
+            drop(pollfds);
+            drop(fds);
+            self.flags.drain_waker();
         }
         for link in self.links.iter_mut().flatten().take(armed) {
             link.disarm();

@@ -18,6 +18,9 @@ pub struct Flags {
     /// Why it was declared failed.
     lost_why: Mutex<String>,
     waker: Option<OwnedFd>,
+    /// Threads waiting for the communicator's lock (to queue an operation) while the progress
+    /// thread drives with it: the progress thread lets go of it for them.
+    wanted: AtomicUsize,
 }
 
 impl Flags {
@@ -35,6 +38,7 @@ impl Flags {
             lost: AtomicUsize::new(0),
             lost_why: Mutex::new(String::new()),
             waker,
+            wanted: AtomicUsize::new(0),
         }
     }
 
@@ -81,6 +85,37 @@ impl Flags {
                     .unwrap_or_else(|p| p.into_inner())
                     .clone(),
             )),
+        }
+    }
+
+    /// A thread waits for the communicator's lock (until [`Flags::got`]); wakes a driver
+    /// blocked in `poll(2)` so that it lets go.
+    pub fn want(&self) {
+        self.wanted.fetch_add(1, Ordering::AcqRel);
+        if let Some(w) = &self.waker {
+            let _ = rustix::io::write(w, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// The thread of [`Flags::want`] has the lock.
+    pub fn got(&self) {
+        self.wanted.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a thread waits for the communicator's lock.
+    #[inline]
+    pub fn wanted(&self) -> bool {
+        self.wanted.load(Ordering::Acquire) > 0
+    }
+
+    /// Empties the waker after a wake-up for [`Flags::want`] (an abort's stays: an aborted
+    /// communicator never blocks again).
+    pub(super) fn drain_waker(&self) {
+        if let Some(w) = &self.waker
+            && !self.is_aborted()
+        {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(w, &mut b);
         }
     }
 

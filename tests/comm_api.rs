@@ -440,3 +440,71 @@ fn a_receive_of_the_wrong_length_is_a_mismatch() {
         other => panic!("rank 1: expected a mismatch with rank 0, got {other:?}"),
     }
 }
+
+/// Two threads of each rank: one waits for a started send of 64 MiB, the other then starts
+/// the receive the peer's send needs. Whichever thread drives the communicator meanwhile (the
+/// waiter or the progress thread) lets go of it for the thread that queues the receive, on
+/// both ranks, so neither waits for its deadline (10 s here).
+#[test]
+fn a_thread_waiting_on_a_send_lets_another_start_the_receive() {
+    let n = 64 << 20;
+    let config = Config::default()
+        .transports(TransportFilter::only(&["shm"]))
+        .timeout(Duration::from_secs(10));
+    let comms = Communicator::init_local(2, config).expect("init");
+    let out = each(&comms, |c| {
+        let peer = 1 - c.rank();
+        let sent = c.send_async(vec![c.rank() as u8 + 1; n], peer).unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(move || sent.wait().map(drop));
+            // Let the waiter take the lock and drive first.
+            std::thread::sleep(Duration::from_millis(50));
+            let got = c.recv_async(vec![0u8; n], peer).and_then(|w| w.wait());
+            (waiter.join().expect("waiter"), got)
+        })
+    });
+    for (r, (sent, got)) in out.into_iter().enumerate() {
+        sent.unwrap_or_else(|e| panic!("rank {r}: send: {e}"));
+        let got = got.unwrap_or_else(|e| panic!("rank {r}: recv: {e}"));
+        assert!(
+            got.iter().all(|&b| b as usize == 2 - r),
+            "rank {r}: wrong data"
+        );
+    }
+}
+
+/// A mismatch on one of several started operations fails that one with the mismatch; the
+/// others, unfinished, fail as aborted because of it.
+#[test]
+fn a_mismatch_fails_the_operation_it_concerns() {
+    let comms = local(3, "shm");
+    let out = each(&comms, |c| match c.rank() {
+        1 => {
+            let from0 = c.recv_async(vec![0u32; 2], 0).unwrap();
+            let from2 = c.recv_async(vec![0u32; 2], 2).unwrap();
+            Some((from0.wait().map(drop), from2.wait().map(drop)))
+        }
+        2 => {
+            let _ = c.send(&[7u32; 4], 1);
+            None
+        }
+        _ => None, // rank 0 never sends: rank 1's first receive is still waiting
+    });
+    let (from0, from2) = out[1].as_ref().expect("rank 1");
+    match from2 {
+        Err(
+            e @ Error::Mismatch {
+                rank: 1, peer: 2, ..
+            },
+        ) => {
+            assert!(e.to_string().contains("receive #0 of 8 B"), "{e}")
+        }
+        other => panic!("rank 1, receive from 2: expected a mismatch, got {other:?}"),
+    }
+    match from0 {
+        Err(Error::Aborted { rank: 1, why, .. }) => {
+            assert!(why.contains("does not match"), "{why}")
+        }
+        other => panic!("rank 1, receive from 0: expected aborted, got {other:?}"),
+    }
+}

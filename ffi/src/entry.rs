@@ -195,8 +195,7 @@ impl Entry {
 
     /// Waits for every background operation; the first failure, if any.
     pub(crate) fn drain(&self) -> Outcome {
-        let mut all = std::mem::take(&mut *lock(&self.pending));
-        all.extend(std::mem::take(&mut *lock(&self.requests)).into_values());
+        let all = std::mem::take(&mut *lock(&self.pending));
         let mut first = Ok(());
         for op in all {
             if let Err(e) = op.pending.wait() {
@@ -208,6 +207,18 @@ impl Entry {
             }
         }
         first
+    }
+
+    /// Waits for every started send and receive (destroy, abort: their handles are unknown
+    /// afterwards); their failures are recorded, not returned.
+    pub(crate) fn drain_requests(&self) {
+        let all = std::mem::take(&mut *lock(&self.requests));
+        crate::requests::forget(all.keys());
+        for (_, op) in all {
+            if let Err(e) = op.pending.wait() {
+                self.fail(&Failure::from(e));
+            }
+        }
     }
 
     /// Marks the communicator finalized.

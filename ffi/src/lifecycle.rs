@@ -533,6 +533,7 @@ pub extern "C" fn oxcclCommDestroy(comm: oxcclComm_t) -> oxcclResult_t {
         let entry = handles::remove(comm, "comm")?;
         // Their failures were reported (or are moot): the buffers are what matters here.
         let _ = entry.drain();
+        entry.drain_requests();
         Ok(())
     })
 }
@@ -549,6 +550,7 @@ pub extern "C" fn oxcclCommAbort(comm: oxcclComm_t) -> oxcclResult_t {
             c.abort();
         }
         let _ = entry.drain();
+        entry.drain_requests();
         Ok(())
     })
 }

@@ -9,7 +9,7 @@
 //! send started here, then a receive, both progress while this rank waits for either. A
 //! request's memory belongs to oxccl until `oxcclRequestWait` returns, or `oxcclRequestTest`
 //! reports it done; destroying or aborting the communicator first waits for its requests
-//! (their handles are then unknown).
+//! (their handles are then unknown); finalizing or splitting it does not end them.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -28,6 +28,14 @@ static LIVE: Mutex<BTreeMap<usize, Weak<Entry>>> = Mutex::new(BTreeMap::new());
 
 fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Weak<Entry>>> {
     LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Forgets the requests `ids` (their communicator is going: it waits for them).
+pub(crate) fn forget<'a>(ids: impl IntoIterator<Item = &'a usize>) {
+    let mut live = live();
+    for id in ids {
+        live.remove(id);
+    }
 }
 
 /// Starts a send (`send`) or receive of `count` elements at `buf` with `peer` and writes its

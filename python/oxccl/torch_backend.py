@@ -48,10 +48,14 @@ What does not work, and why:
 - ``recv`` / ``irecv`` without a source: oxccl, like NCCL, cannot receive from any source;
   it raises at once. Tags are ignored: the k-th message a rank sends to a peer is the peer's
   k-th receive from it (as on Gloo with one tag). ``isend`` and ``irecv`` start at once
-  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so any order that works on
-  Gloo works here (both ranks sending first included, at any size); a receive whose length
-  differs from the send it pairs with raises "does not match" in its ``wait()``, and the
-  communicator is then broken.
+  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so the orders of sends and
+  receives that work on Gloo work here (both ranks sending first included, at any size); a
+  receive whose length differs from the send it pairs with raises "does not match" in its
+  ``wait()``, and the communicator is then broken. One order Gloo accepts does not: a
+  collective called while this rank's started receive (or a send larger than the link
+  buffers) is unfinished runs after it, so if the peer sends only after that collective,
+  both wait until the timeout (Gloo keeps point-to-point and collectives apart; oxccl's
+  links carry both in one order). Wait for such a receive before the collective.
 """
 
 import ctypes
@@ -197,6 +201,7 @@ class _P2PWork(dist._Work):
         self._error = None
         self._base = None
         self._chained = None
+        self._settled = False
 
     def start(self, comm):
         start = lib.oxcclSendStart if self._send else lib.oxcclRecvStart
@@ -206,77 +211,89 @@ class _P2PWork(dist._Work):
             self._backend._check(code, self._what)
             self._requests.append(request)
 
-    def ended(self):
-        return self._ended
-
-    def _end(self, block):
-        """Ends the requests (waiting for them if ``block``); whether they have ended. Raises
-        the failure, now and on every later call."""
-        if not self._ended:
-            try:
-                if self.issued is not None:
-                    if not block and not self.issued.done():
-                        return False
-                    self.issued.wait()
-                for request in self._requests:
-                    if request.value is None:
-                        continue
-                    if block:
-                        code = lib.oxcclRequestWait(ctypes.byref(request))
-                    else:
-                        done = ctypes.c_int(0)
-                        code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
-                        if code == _lib.SUCCESS and not done.value:
-                            return False
-                    self._backend._check(code, self._what)
-                for _, _, finish in self._messages:
-                    if finish is not None:
-                        finish()
-            except BaseException as e:  # noqa: BLE001 - kept for every later call
-                self._error = e
-            self._ended = True
-            self._messages = None
-            if self._base is not None:
-                self._settle_future()
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def _settle_future(self):
-        if self._base.done():
-            return
-        if self._error is not None:
-            self._base.set_exception(self._error)
-        else:
-            self._base.set_result(self._result)
-
-    def wait(self, timeout=None):
-        with self._lock:
-            self._end(True)
-        return True
-
-    def is_completed(self):
+    def test(self):
+        """Whether the requests have ended (ends them if they are done), without blocking and
+        without completing the future."""
         if not self._lock.acquire(blocking=False):
             return False
         try:
             return self._end(False)
-        except BaseException:  # noqa: BLE001 - completed, with a failure wait() raises
-            return True
         finally:
             self._lock.release()
+
+    def _end(self, block):
+        """Ends the requests (waiting for them if ``block``); whether they have ended. The
+        caller holds ``_lock`` and settles the future after letting go of it."""
+        if self._ended:
+            return True
+        try:
+            if self.issued is not None:
+                if not block and not self.issued.done():
+                    return False
+                self.issued.wait()
+            for request in self._requests:
+                if request.value is None:
+                    continue
+                if block:
+                    code = lib.oxcclRequestWait(ctypes.byref(request))
+                else:
+                    done = ctypes.c_int(0)
+                    code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
+                    if code == _lib.SUCCESS and not done.value:
+                        return False
+                self._backend._check(code, self._what)
+            for _, _, finish in self._messages:
+                if finish is not None:
+                    finish()
+        except BaseException as e:  # noqa: BLE001 - kept for every later call
+            self._error = e
+            # The buffers stay until no request uses them: end the others, whatever they say.
+            for request in self._requests:
+                if request.value is not None:
+                    lib.oxcclRequestWait(ctypes.byref(request))
+        self._ended = True
+        self._messages = None
+        return True
+
+    def _settle_future(self):
+        """Completes the future, if one was asked for (never under ``_lock``: its callbacks
+        may wait on this work)."""
+        with self._lock:
+            base = self._base
+            if base is None or self._settled or not self._ended:
+                return
+            self._settled = True
+        if self._error is not None:
+            base.set_exception(self._error)
+        else:
+            base.set_result(self._result)
+
+    def wait(self, timeout=None):
+        with self._lock:
+            self._end(True)
+        self._settle_future()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        ended = self.test()
+        if ended:
+            self._settle_future()
+        return ended
 
     def get_future(self):
         with self._lock:
             if self._chained is None:
                 self._base = torch.futures.Future()
                 self._chained = self._base.then(_unwrap)
-                if self._ended:
-                    self._settle_future()
-                else:
+                if not self._ended:
                     threading.Thread(
                         target=self._quietly_wait, name="oxccl-p2p-future", daemon=True
                     ).start()
-            return self._chained
+            chained = self._chained
+        self._settle_future()
+        return chained
 
     def _quietly_wait(self):
         try:
@@ -1088,8 +1105,9 @@ class OxcclBackend(*_BASES):
         work = _P2PWork(self, send, peer, messages, result, what)
         # Works nobody waits for keep their buffers alive until they end (or the
         # communicator goes, which waits for its requests).
-        self._p2p_works = [w for w in self._p2p_works if not w.ended()]
-        self._p2p_works.append(work)
+        with self._queued_lock:
+            self._p2p_works = [w for w in self._p2p_works if not w.test()]
+            self._p2p_works.append(work)
         if self._queued == 0:
             work.start(self._live(what))
         else:

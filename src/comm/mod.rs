@@ -502,8 +502,10 @@ impl Communicator {
         let result = Arc::new(OpResult::default());
         self.inner
             .submit(&mut st, plan, decision, input, output, result.clone())?;
-        st.engine.drive_until(&result);
+        // Not holding the lock throughout: the operation may be queued behind started sends
+        // and receives that wait for another thread's next one.
         drop(st);
+        self.inner.wait(&result);
         result.take().unwrap_or(Ok(()))
     }
 
@@ -711,6 +713,8 @@ impl Inner {
     }
 
     /// Waits for `result`, driving progress whenever nobody else is.
+    /// A thread that waits for the lock (to queue an operation, which `result`'s may need)
+    /// gets it: the driver lets go and lets it in first.
     pub(crate) fn wait(&self, result: &OpResult) {
         while !result.is_done() {
             match self.state.try_lock() {
@@ -720,7 +724,14 @@ impl Inner {
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
                     result.wait_for(Duration::from_millis(1));
+                    continue;
                 }
+            }
+            for _ in 0..1000 {
+                if result.is_done() || !self.flags.wanted() {
+                    break;
+                }
+                std::thread::yield_now();
             }
         }
     }

@@ -343,12 +343,36 @@ impl Batch {
         self.members.iter().find(|m| !m.done).map(|m| m.deadline)
     }
 
-    /// The peer this batch waits for: the first with something posted or to post.
+    /// The peer this batch waits for: that of the first unfinished message (of the first
+    /// operation not yet settled).
     pub fn waited_for(&self) -> Option<Rank> {
-        self.lanes
+        self.items
             .iter()
-            .find(|l| l.in_flight > 0 || !l.items.is_empty())
-            .map(|l| l.peer)
+            .find(|i| !i.posted || i.pending > 0)
+            .map(|i| i.msg.peer)
+    }
+
+    /// The first operation not yet settled with an unfinished message to or from `peer`
+    /// (the one a failure of that peer concerns first); with no peer, the first not yet
+    /// settled.
+    fn blamed(&self, peer: Option<Rank>) -> Option<usize> {
+        match peer {
+            Some(p) => {
+                let item = self
+                    .items
+                    .iter()
+                    .find(|i| i.msg.peer == p && (!i.posted || i.pending > 0))?;
+                Some((item.member - self.first_member) as usize)
+            }
+            None => self.members.iter().position(|m| !m.done),
+        }
+    }
+
+    /// The name of the operation a failure of `peer` concerns ([`Batch::blamed`]), else of
+    /// the first not yet settled.
+    pub fn name_for(&self, peer: Rank) -> Option<String> {
+        let m = self.blamed(Some(peer)).or_else(|| self.blamed(None))?;
+        Some(self.members[m].op.name.to_string())
     }
 
     /// Whether a message to or from `peer` is unfinished.
@@ -366,17 +390,46 @@ impl Batch {
             .map(|i| i.msg.descriptor())
     }
 
-    /// Settles every operation not yet settled: the first with `error` (if any), the others
-    /// as aborted because of `why`. Links must be cancelled first.
-    pub fn fail(self, rank: Rank, mut error: Option<Error>, why: &str, recorder: &Recorder) {
+    /// Settles every operation not yet settled: the one `error` concerns (the first with an
+    /// unfinished message to or from the peer it names; the first, if it names none) with
+    /// `error`, the others as aborted because of `why`. Returns `error` if it concerns none
+    /// (it goes to the next queued operation). Links must be cancelled first.
+    #[must_use]
+    pub fn fail(
+        self,
+        rank: Rank,
+        mut error: Option<Error>,
+        why: &str,
+        recorder: &Recorder,
+    ) -> Option<Error> {
+        let peer = match &error {
+            Some(
+                Error::Mismatch { peer, .. }
+                | Error::PeerFailed { peer, .. }
+                | Error::Timeout {
+                    peer: Some(peer), ..
+                },
+            ) => Some(*peer),
+            _ => None,
+        };
+        let blamed = self.blamed(peer);
         // Not kept for reuse: links may still hold its descriptors until they are dropped.
-        for m in self.members.into_iter().filter(|m| !m.done) {
-            let e = error.take().unwrap_or_else(|| Error::Aborted {
-                rank,
-                op: m.op.name.to_string(),
-                why: why.to_string(),
-            });
+        for (i, m) in self
+            .members
+            .into_iter()
+            .enumerate()
+            .filter(|(_, m)| !m.done)
+        {
+            let e = match error.take_if(|_| Some(i) == blamed) {
+                Some(e) => e,
+                None => Error::Aborted {
+                    rank,
+                    op: m.op.name.to_string(),
+                    why: why.to_string(),
+                },
+            };
             m.op.settle(recorder, Err(e));
         }
+        error
     }
 }

@@ -293,10 +293,12 @@ impl Engine {
         self.running.is_some() || self.batch.is_some() || !self.queue.is_empty()
     }
 
-    /// Drives until `result` is set.
+    /// Drives until `result` is set or another thread waits for the communicator's lock
+    /// ([`Flags::want`]: to queue an operation, which `result`'s may need, as a send may need
+    /// this rank's next receive).
     pub fn drive_until(&mut self, result: &OpResult) {
         let mut backoff = Backoff::new(self.pace.spin, self.pace.sleep);
-        while !result.is_done() {
+        while !result.is_done() && !self.flags.wanted() {
             if self.pass() {
                 backoff.reset();
                 continue;
@@ -311,12 +313,16 @@ impl Engine {
     pub fn drive_for(&mut self, budget: Duration) {
         let end = Instant::now() + budget;
         let mut backoff = Backoff::new(self.pace.spin, self.pace.sleep);
-        while self.busy() && Instant::now() < end && !self.flags.wanted() {
+        // At least one pass, even with no budget (`is_completed`'s help).
+        while self.busy() && !self.flags.wanted() {
             if self.pass() {
                 backoff.reset();
-                continue;
+            } else if Instant::now() < end {
+                self.idle(&mut backoff);
             }
-            self.idle(&mut backoff);
+            if Instant::now() >= end {
+                break;
+            }
         }
     }
 
@@ -1142,10 +1148,7 @@ impl Engine {
             .running
             .as_ref()
             .map(|r| r.op.name.to_string())
-            .or_else(|| {
-                let b = self.batch.as_ref()?;
-                b.head().map(|op| op.name.to_string())
-            })
+            .or_else(|| self.batch.as_ref()?.name_for(peer))
             .unwrap_or_else(|| "the next operation".into());
         let ours = self
             .running
@@ -1166,10 +1169,7 @@ impl Engine {
             .running
             .as_ref()
             .map(|r| r.op.name.to_string())
-            .or_else(|| {
-                let b = self.batch.as_ref()?;
-                b.head().map(|op| op.name.to_string())
-            })
+            .or_else(|| self.batch.as_ref()?.name_for(peer))
             .unwrap_or_else(|| "idle".into());
         Error::PeerFailed {
             rank: self.rank,
@@ -1277,7 +1277,7 @@ impl Engine {
         }
         let mut error = error;
         if let Some(b) = self.batch.take() {
-            b.fail(self.rank, error.take(), &why, &self.recorder);
+            error = b.fail(self.rank, error.take(), &why, &self.recorder);
         }
         if self.running.is_none()
             && let Some(e) = error.take()

@@ -76,6 +76,35 @@ impl Boot {
 /// let small messages queue.
 const SHM_SLOTS: usize = 4;
 
+/// The version of what connected ranks say to each other (descriptors, notices, the group
+/// area's layout), published at setup as the endpoint `wire`: every rank of a job must run a
+/// build that speaks the same. 2 since 2026-12-05 (point-to-point messages carry descriptors
+/// of their own; builds before published none).
+const WIRE: u32 = 2;
+
+/// Fails unless every rank in `infos` speaks this build's [`WIRE`], naming the first that
+/// does not.
+fn check_wire(rank: Rank, infos: &[PeerInfo]) -> Result<()> {
+    for info in infos {
+        let theirs = info
+            .endpoint("wire")
+            .map(|b| <[u8; 4]>::try_from(b).ok().map(u32::from_le_bytes));
+        if theirs != Some(Some(WIRE)) {
+            let theirs = match theirs {
+                None => "older than 2".to_string(),
+                Some(Some(v)) => v.to_string(),
+                Some(None) => "unreadable".to_string(),
+            };
+            return Err(Error::Bootstrap(format!(
+                "rank {rank}: rank {} runs an oxccl build whose wire protocol is {theirs}, this \
+                 rank's is {WIRE}: every rank of a job must run the same oxccl",
+                info.rank
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
     config.validate()?;
@@ -124,6 +153,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     };
     // Which process this rank is in: ranks of one process share device memory directly.
     endpoints.push(("proc".into(), process_token().to_vec()));
+    endpoints.push(("wire".into(), WIRE.to_le_bytes().to_vec()));
     let me = PeerInfo {
         rank,
         host,
@@ -142,6 +172,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             })?;
         infos.push(info);
     }
+    check_wire(rank, &infos)?;
 
     let topo = topology(&boot, &store, &config, rank, &infos, rdma, deadline)?;
 
@@ -558,4 +589,37 @@ fn transports(
 
 fn transport_error(rank: Rank, what: String, source: oxccl_transport::TransportError) -> Error {
     Error::Transport { rank, what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(rank: Rank, wire: Option<&[u8]>) -> PeerInfo {
+        let mut endpoints = vec![("proc".to_string(), vec![1u8; 16])];
+        if let Some(w) = wire {
+            endpoints.push(("wire".into(), w.to_vec()));
+        }
+        PeerInfo {
+            rank,
+            host: "h".into(),
+            endpoints,
+        }
+    }
+
+    #[test]
+    fn ranks_of_another_wire_protocol_are_named() {
+        let ours = WIRE.to_le_bytes();
+        assert!(check_wire(0, &[info(0, Some(&ours)), info(1, Some(&ours))]).is_ok());
+        for (theirs, says) in [
+            (None, "older than 2"),
+            (Some(&[9u8, 0, 0, 0][..]), "is 9"),
+            (Some(&[2u8][..]), "is unreadable"),
+        ] {
+            let e = check_wire(0, &[info(0, Some(&ours)), info(1, theirs)])
+                .expect_err("a rank of another protocol")
+                .to_string();
+            assert!(e.contains("rank 0: rank 1 runs") && e.contains(says), "{e}");
+        }
+    }
 }

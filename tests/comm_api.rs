@@ -508,3 +508,160 @@ fn a_mismatch_fails_the_operation_it_concerns() {
         other => panic!("rank 1, receive from 0: expected aborted, got {other:?}"),
     }
 }
+
+/// A small deterministic generator (xorshift64*), so every rank draws the same script.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// The bytes of message `k` from rank `from` to rank `to` in round `round`.
+fn message(round: usize, from: usize, to: usize, k: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(131) ^ (round * 7) ^ (from * 31) ^ (to * 17) ^ (k * 101)) as u8)
+        .collect()
+}
+
+/// Point-to-point traffic in random orders: per round, every ordered pair of ranks exchanges
+/// 0-3 messages of random lengths (empty, small, larger than a slice, larger than a link
+/// buffers), and each rank starts its sends and receives interleaved at random (the order per
+/// peer and direction kept), alone (send_async, recv_async) or several as one group
+/// (start_point_to_point_raw), then waits for them in random order; some rounds end with an
+/// all-reduce. Every message arrives whole, in order, with the right bytes, over shared
+/// memory and TCP, 3 ranks.
+#[test]
+fn random_orders_of_started_sends_receives_and_groups_deliver_every_message() {
+    const ROUNDS: usize = 40;
+    const LENS: [usize; 6] = [0, 1, 100, 4096, 300_001, 3 << 20];
+    for transport in ["shm", "tcp"] {
+        let comms = local(3, transport);
+        each(&comms, |c| {
+            let (me, n) = (c.rank(), c.size());
+            for round in 0..ROUNDS {
+                // The script, the same on every rank: lengths of the messages per (from, to).
+                let mut script = Rng(0x9e37_79b9 + round as u64);
+                let mut lens = vec![vec![Vec::new(); n]; n];
+                for (from, row) in lens.iter_mut().enumerate() {
+                    for (to, l) in row.iter_mut().enumerate() {
+                        if from != to {
+                            *l = (0..script.below(4))
+                                .map(|_| LENS[script.below(LENS.len())])
+                                .collect();
+                        }
+                    }
+                }
+                // This rank's queues per (peer, direction), merged at random.
+                let mut mine = Rng(0x5555 + (round * 16 + me) as u64);
+                let mut queues: Vec<std::collections::VecDeque<(bool, usize, usize)>> = Vec::new();
+                for p in (0..n).filter(|&p| p != me) {
+                    queues.push((0..lens[me][p].len()).map(|k| (true, p, k)).collect());
+                    queues.push((0..lens[p][me].len()).map(|k| (false, p, k)).collect());
+                }
+                let mut order = Vec::new();
+                while queues.iter().any(|q| !q.is_empty()) {
+                    let live: Vec<usize> = (0..queues.len())
+                        .filter(|&q| !queues[q].is_empty())
+                        .collect();
+                    let q = live[mine.below(live.len())];
+                    order.push(queues[q].pop_front().expect("live"));
+                }
+                // Buffers: sends hold their bytes, receives are filled with a marker.
+                let mut bufs: Vec<Vec<u8>> = order
+                    .iter()
+                    .map(|&(send, p, k)| {
+                        if send {
+                            message(round, me, p, k, lens[me][p][k])
+                        } else {
+                            vec![0xEE; lens[p][me][k]]
+                        }
+                    })
+                    .collect();
+                let mut sends = Vec::new();
+                let mut recvs = Vec::new();
+                let mut groups = Vec::new();
+                let mut at = 0;
+                let mut taken = std::mem::take(&mut bufs)
+                    .into_iter()
+                    .map(Some)
+                    .collect::<Vec<_>>();
+                while at < order.len() {
+                    let chunk = 1 + mine.below(3).min(order.len() - at - 1);
+                    if chunk == 1 && mine.below(2) == 0 {
+                        let (send, p, k) = order[at];
+                        let buf = taken[at].take().expect("once");
+                        if send {
+                            sends.push(c.send_async(buf, p).unwrap());
+                        } else {
+                            recvs.push(((p, k), c.recv_async(buf, p).unwrap()));
+                        }
+                    } else {
+                        let messages: Vec<oxccl::RawMessage> = (at..at + chunk)
+                            .map(|i| {
+                                let (send, peer, _) = order[i];
+                                let b = taken[i].as_mut().expect("kept");
+                                oxccl::RawMessage {
+                                    peer,
+                                    send,
+                                    ptr: b.as_mut_ptr(),
+                                    len: b.len(),
+                                }
+                            })
+                            .collect();
+                        // SAFETY: the buffers stay in `taken`, untouched and unmoved (their
+                        // heap memory), until the Pending is waited for below.
+                        let pending = unsafe { c.start_point_to_point_raw(&messages) }.unwrap();
+                        groups.push(pending);
+                    }
+                    at += chunk;
+                }
+                // Wait in a random order: every kind interleaved.
+                let got = std::sync::Mutex::new(Vec::new());
+                let mut all: Vec<Box<dyn FnOnce() + '_>> = Vec::new();
+                for s in sends {
+                    all.push(Box::new(move || drop(s.wait().unwrap())));
+                }
+                for ((p, k), r) in recvs {
+                    let got = &got;
+                    all.push(Box::new(move || {
+                        got.lock().unwrap().push(((p, k), r.wait().unwrap()))
+                    }));
+                }
+                for g in groups {
+                    all.push(Box::new(move || g.wait().unwrap()));
+                }
+                while !all.is_empty() {
+                    let i = mine.below(all.len());
+                    (all.swap_remove(i))();
+                }
+                drop(all);
+                let mut got = got.into_inner().unwrap();
+                for (i, &(send, p, k)) in order.iter().enumerate() {
+                    if !send && let Some(b) = taken[i].take() {
+                        got.push(((p, k), b));
+                    }
+                }
+                for ((p, k), b) in got {
+                    assert!(
+                        b == message(round, p, me, k, lens[p][me][k]),
+                        "{transport}, round {round}: rank {me}'s message {k} from rank {p} differs"
+                    );
+                }
+                if round % 3 == 2 {
+                    let mut x = vec![me as u64 + 1; 5];
+                    c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                    assert_eq!(x, vec![(n * (n + 1) / 2) as u64; 5]);
+                }
+            }
+        });
+    }
+}

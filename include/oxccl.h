@@ -655,8 +655,9 @@ oxcclResult_t oxcclGroupEnd(void);
 
 // Extension: starts sending `count` elements of `sendbuff` (host memory) to `peer` and
 // returns at once with `*request`, which `oxcclRequestWait` or `oxcclRequestTest` ends. The
-// peer receives them with a matching receive (same count and type; messages between two
-// ranks match in the order posted). Not inside a group.
+// peer receives them with a matching receive (same count, type and `tag`; messages between
+// two ranks match in the order posted, and a receive whose count or tag differs from the
+// message it meets fails, naming both). Not inside a group.
 //
 // # Safety
 //
@@ -666,6 +667,7 @@ oxcclResult_t oxcclSendStart(const void *sendbuff,
                              size_t count,
                              oxcclDataType_t datatype,
                              int peer,
+                             int tag,
                              oxcclComm_t comm,
                              oxcclRequest_t *request);
 
@@ -680,6 +682,7 @@ oxcclResult_t oxcclRecvStart(void *recvbuff,
                              size_t count,
                              oxcclDataType_t datatype,
                              int peer,
+                             int tag,
                              oxcclComm_t comm,
                              oxcclRequest_t *request);
 

@@ -259,7 +259,7 @@ impl Communicator {
         // SAFETY: the Work returned with this result owns the buffer (a send's only read, a
         // receive's written only by this operation) and waits for the operation before it
         // gives the buffer back or drops it.
-        let result = unsafe { self.submit_point_to_point(&[(peer, send, p, len)]) }?;
+        let result = unsafe { self.submit_point_to_point(&[(peer, send, p, len, 0)]) }?;
         match result {
             Some(r) => {
                 self.inner.kick();

@@ -614,6 +614,7 @@ fn random_orders_of_started_sends_receives_and_groups_deliver_every_message() {
                                     send,
                                     ptr: b.as_mut_ptr(),
                                     len: b.len(),
+                                    tag: 0,
                                 }
                             })
                             .collect();

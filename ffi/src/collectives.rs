@@ -442,6 +442,7 @@ pub unsafe extern "C" fn oxcclSend(
             send: true,
             ptr: ptr.cast_mut(),
             len,
+            tag: 0,
         };
         issue(&entry, Job::Message(message))
     })
@@ -479,6 +480,7 @@ pub unsafe extern "C" fn oxcclRecv(
             send: false,
             ptr,
             len,
+            tag: 0,
         };
         issue(&entry, Job::Message(message))
     })

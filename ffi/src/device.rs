@@ -624,6 +624,7 @@ unsafe fn on_device_message(
         send,
         ptr: host.as_mut_ptr(),
         len,
+        tag: 0,
     });
     issue(entry, job)?;
     match (send, in_group()) {

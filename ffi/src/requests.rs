@@ -45,7 +45,7 @@ pub(crate) fn forget<'a>(ids: impl IntoIterator<Item = &'a usize>) {
 ///
 /// `request` is NULL or writable; `buf`: the module's contract.
 unsafe fn start(
-    (buf, count, datatype, peer): (*mut c_void, usize, oxcclDataType_t, c_int),
+    (buf, count, datatype, peer, tag): (*mut c_void, usize, oxcclDataType_t, c_int, c_int),
     send: bool,
     comm: oxcclComm_t,
     request: *mut oxcclRequest_t,
@@ -86,6 +86,8 @@ unsafe fn start(
         send,
         ptr: ptr.cast(),
         len,
+        // Any int: compared bit for bit.
+        tag: tag as u32,
     };
     // SAFETY: the module's contract: the memory stays valid and untouched until the request
     // is waited for (or the communicator destroyed, which waits for it).
@@ -114,8 +116,9 @@ unsafe fn start(
 
 /// Extension: starts sending `count` elements of `sendbuff` (host memory) to `peer` and
 /// returns at once with `*request`, which `oxcclRequestWait` or `oxcclRequestTest` ends. The
-/// peer receives them with a matching receive (same count and type; messages between two
-/// ranks match in the order posted). Not inside a group.
+/// peer receives them with a matching receive (same count, type and `tag`; messages between
+/// two ranks match in the order posted, and a receive whose count or tag differs from the
+/// message it meets fails, naming both). Not inside a group.
 ///
 /// # Safety
 ///
@@ -127,6 +130,7 @@ pub unsafe extern "C" fn oxcclSendStart(
     count: usize,
     datatype: oxcclDataType_t,
     peer: c_int,
+    tag: c_int,
     comm: oxcclComm_t,
     request: *mut oxcclRequest_t,
 ) -> oxcclResult_t {
@@ -134,7 +138,7 @@ pub unsafe extern "C" fn oxcclSendStart(
         // SAFETY: the caller's contract.
         unsafe {
             start(
-                (sendbuff.cast_mut(), count, datatype, peer),
+                (sendbuff.cast_mut(), count, datatype, peer, tag),
                 true,
                 comm,
                 request,
@@ -156,12 +160,13 @@ pub unsafe extern "C" fn oxcclRecvStart(
     count: usize,
     datatype: oxcclDataType_t,
     peer: c_int,
+    tag: c_int,
     comm: oxcclComm_t,
     request: *mut oxcclRequest_t,
 ) -> oxcclResult_t {
     guard("oxcclRecvStart", || {
         // SAFETY: the caller's contract.
-        unsafe { start((recvbuff, count, datatype, peer), false, comm, request) }
+        unsafe { start((recvbuff, count, datatype, peer, tag), false, comm, request) }
     })
 }
 

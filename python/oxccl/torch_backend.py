@@ -46,8 +46,10 @@ What does not work, and why:
   ``GroupMember.NON_GROUP_MEMBER`` (it still takes part in the split; the others' groups are
   made).
 - ``recv`` / ``irecv`` without a source: oxccl, like NCCL, cannot receive from any source;
-  it raises at once. Tags are ignored: the k-th message a rank sends to a peer is the peer's
-  k-th receive from it (as on Gloo with one tag). ``isend`` and ``irecv`` start at once
+  it raises at once. Messages do not overtake each other by tag: the k-th message a rank
+  sends to a peer is the peer's k-th receive from it, and a receive whose tag differs from
+  that message's raises "does not match" (naming both tags) instead of taking its bytes
+  (Gloo matches tags out of order; ``batch_isend_irecv``, like NCCL, ignores them). ``isend`` and ``irecv`` start at once
   (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so the orders of sends and
   receives that work on Gloo work here (both ranks sending first included, at any size); a
   receive whose length differs from the send it pairs with raises "does not match" in its
@@ -186,11 +188,12 @@ class _P2PWork(dist._Work):
     A failure is raised by ``wait()`` (a DistBackendError naming the rank, the peer and the
     operation) and carried by the future as a real error, as ``_Work``'s."""
 
-    def __init__(self, backend, send, peer, messages, result, what):
+    def __init__(self, backend, send, peer, messages, result, what, tag=0):
         super().__init__()
         self._backend = backend
         self._send = send
         self._peer = peer
+        self._tag = int(tag)
         self._messages = messages  # (buffer, oxccl dtype, copy-back or None): kept alive
         self._result = result
         self._what = what
@@ -207,7 +210,15 @@ class _P2PWork(dist._Work):
         start = lib.oxcclSendStart if self._send else lib.oxcclRecvStart
         for buf, dtype, _ in self._messages:
             request = ctypes.c_void_p()
-            code = start(buf.data_ptr(), buf.numel(), dtype, self._peer, comm, ctypes.byref(request))
+            code = start(
+                buf.data_ptr(),
+                buf.numel(),
+                dtype,
+                self._peer,
+                self._tag,
+                comm,
+                ctypes.byref(request),
+            )
             self._backend._check(code, self._what)
             self._requests.append(request)
 
@@ -1079,7 +1090,7 @@ class OxcclBackend(*_BASES):
         for t in tensors:
             buf, dtype, _ = self._tensor(t, what)
             messages.append((buf, dtype, None))
-        return self._p2p(True, dst, messages, tensors, what)
+        return self._p2p(True, dst, messages, tensors, what, tag)
 
     def recv(self, tensors, src, tag=0):
         what = f"recv from {src}"
@@ -1088,9 +1099,9 @@ class OxcclBackend(*_BASES):
         for t in tensors:
             buf, dtype, copy = self._tensor(t, what)
             messages.append((buf, dtype, self._copy_back(t, buf) if copy else None))
-        return self._p2p(False, src, messages, tensors, what)
+        return self._p2p(False, src, messages, tensors, what, tag)
 
-    def _p2p(self, send, peer, messages, result, what):
+    def _p2p(self, send, peer, messages, result, what, tag=0):
         """A send or receive: a step of the group being coalesced (batch_isend_irecv), or
         started now (behind the asynchronous work still queued, by the worker) and waited
         for through its Work, so that an ``isend`` and the ``irecv`` after it both run while
@@ -1102,7 +1113,7 @@ class OxcclBackend(*_BASES):
                 for buf, dtype, finish in messages
             )
             return _done(result)
-        work = _P2PWork(self, send, peer, messages, result, what)
+        work = _P2PWork(self, send, peer, messages, result, what, tag)
         # Works nobody waits for keep their buffers alive until they end (or the
         # communicator goes, which waits for its requests).
         with self._queued_lock:

@@ -1086,6 +1086,31 @@ def p2p_mismatch(ctx):
         )
         ctx.check(torch.equal(y, torch.zeros(8)), "p2p_mismatch", f"the receive wrote {y.tolist()}")
     dist.destroy_process_group(g)
+    # The same with equal lengths and other tags (Gloo would match the tags out of order;
+    # oxccl pairs in order and refuses the tag, writing nothing), after a pair whose tags agree.
+    g = dist.new_group(backend="oxccl", timeout=datetime.timedelta(seconds=30))
+    if r == 0:
+        dist.send(torch.full((4,), 5.0), group_dst=1, group=g, tag=7)
+        try:
+            dist.isend(torch.full((4,), 1.0), group_dst=1, group=g, tag=1).wait()
+        except dist.DistBackendError:
+            pass
+    elif r == 1:
+        y = torch.zeros(4)
+        dist.recv(y, group_src=0, group=g, tag=7)
+        ctx.check(torch.equal(y, torch.full((4,), 5.0)), "p2p tags", f"received {y.tolist()}")
+        y = torch.zeros(4)
+        w = dist.irecv(y, group_src=0, group=g, tag=2)
+        ctx.expect_error(
+            "a receive with tag 2 of a send with tag 1",
+            w.wait,
+            "does not match",
+            "receive #1 of 16 B with tag 2",
+            "send #1 of 16 B with tag 1",
+            types=(dist.DistBackendError,),
+        )
+        ctx.check(torch.equal(y, torch.zeros(4)), "p2p tags", f"the receive wrote {y.tolist()}")
+    dist.destroy_process_group(g)
 
 
 @case()

@@ -20,7 +20,7 @@ use super::Communicator;
 pub struct Group<'a> {
     comm: &'a Communicator,
     /// (peer, send?, memory, length) in the order added.
-    ops: Vec<(Rank, bool, *mut u8, usize)>,
+    ops: Vec<(Rank, bool, *mut u8, usize, u32)>,
     _borrows: PhantomData<&'a mut [u8]>,
 }
 
@@ -66,7 +66,8 @@ impl<'a> Group<'a> {
     pub fn send<T: Element>(&mut self, buf: &'a [T], peer: Rank) -> Result<&mut Self> {
         self.check_peer(peer, "send")?;
         let b: &[u8] = bytemuck::cast_slice(buf);
-        self.ops.push((peer, true, b.as_ptr() as *mut u8, b.len()));
+        self.ops
+            .push((peer, true, b.as_ptr() as *mut u8, b.len(), 0));
         Ok(self)
     }
 
@@ -74,7 +75,7 @@ impl<'a> Group<'a> {
     pub fn recv<T: Element>(&mut self, buf: &'a mut [T], peer: Rank) -> Result<&mut Self> {
         self.check_peer(peer, "recv")?;
         let b: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        self.ops.push((peer, false, b.as_mut_ptr(), b.len()));
+        self.ops.push((peer, false, b.as_mut_ptr(), b.len(), 0));
         Ok(self)
     }
 
@@ -96,7 +97,7 @@ impl<'a> Group<'a> {
 impl Communicator {
     /// Copies the messages to this rank itself and queues the others as one point-to-point
     /// operation; `None` when nothing goes to another rank. `ops` holds (peer, send?, memory,
-    /// length); the peers are in range.
+    /// length, tag); the peers are in range.
     ///
     /// # Safety
     ///
@@ -104,7 +105,7 @@ impl Communicator {
     /// receives overlap nothing else, and stays so until the returned operation is done.
     pub(crate) unsafe fn submit_point_to_point(
         &self,
-        ops: &[(Rank, bool, *mut u8, usize)],
+        ops: &[(Rank, bool, *mut u8, usize, u32)],
     ) -> Result<Option<Arc<OpResult>>> {
         let comm = self;
         let me = comm.rank();
@@ -119,6 +120,12 @@ impl Communicator {
             )));
         }
         for (s, r) in sends.iter().zip(&recvs) {
+            if s.4 != r.4 {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {me}: group: a send to self with tag {} meets a receive with tag {}",
+                    s.4, r.4
+                )));
+            }
             if s.3 != r.3 {
                 return Err(Error::InvalidArgument(format!(
                     "rank {me}: group: a send to self of {} bytes meets a receive of {} bytes",
@@ -133,7 +140,7 @@ impl Communicator {
         let mut messages = Vec::new();
         let mut peers: Vec<Rank> = Vec::new();
         let mut st = comm.inner.lock();
-        for &(peer, send, ptr, len) in ops.iter().filter(|o| o.0 != me && o.3 > 0) {
+        for &(peer, send, ptr, len, tag) in ops.iter().filter(|o| o.0 != me && o.3 > 0) {
             if !peers.contains(&peer) {
                 peers.push(peer);
             }
@@ -152,6 +159,7 @@ impl Communicator {
                 ptr,
                 len,
                 seq,
+                tag,
             });
         }
         if messages.is_empty() {

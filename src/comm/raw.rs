@@ -73,6 +73,10 @@ pub struct RawMessage {
     pub ptr: *mut u8,
     /// Its length in bytes.
     pub len: usize,
+    /// A tag both sides give (torch's; 0 for nccl.h's calls, which have none). Messages still
+    /// pair in order: a receive whose tag differs from the message it meets fails with a
+    /// mismatch naming both, rather than take bytes meant for another.
+    pub tag: u32,
 }
 
 impl Communicator {
@@ -205,11 +209,11 @@ impl Communicator {
     /// receive's memory or writes a send's until the returned [`Pending`] is completed or
     /// dropped.
     pub unsafe fn start_point_to_point_raw(&self, messages: &[RawMessage]) -> Result<Pending> {
-        let ops: Vec<(Rank, bool, *mut u8, usize)> = messages
+        let ops: Vec<(Rank, bool, *mut u8, usize, u32)> = messages
             .iter()
-            .map(|m| (m.peer, m.send, m.ptr, m.len))
+            .map(|m| (m.peer, m.send, m.ptr, m.len, m.tag))
             .collect();
-        for &(peer, send, _, _) in &ops {
+        for &(peer, send, _, _, _) in &ops {
             if peer >= self.size() {
                 return Err(Error::InvalidArgument(format!(
                     "rank {}: {}: peer {peer} is not a rank of this communicator of {}",

@@ -9,7 +9,9 @@
 //! they were separate calls (`isend` then `irecv`, as torch.distributed's Gloo users write them,
 //! cannot deadlock on the send); each operation is settled as soon as its own messages are
 //! done. Per peer and direction the messages are posted in order, a bounded number of posts in
-//! flight at a time (so what the engine holds does not grow with the messages' length).
+//! flight at a time (so what the engine holds does not grow with the messages' length); a
+//! receive's bytes are posted once its descriptor has come and matched, so the bytes of a
+//! message that does not match (another length, another tag) never reach the caller's memory.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,6 +29,11 @@ use crate::types::Rank;
 const IN_FLIGHT_BYTES: usize = 16 << 20;
 const MIN_IN_FLIGHT: usize = 4;
 const MAX_IN_FLIGHT: usize = 4096;
+/// Receives up to this long take their bytes into memory of the batch's at once, and copy
+/// them out once the descriptor (which arrives first) has matched; longer ones post their
+/// bytes only then. Waiting for the descriptor before posting cost an 8-byte exchange over
+/// shared memory about 0.15 µs (a pass more); the copy costs a few nanoseconds.
+const BOUNCED: usize = 4096;
 
 /// What a completion was for: a message's descriptor, or a slice of its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +70,11 @@ struct Item {
     pending: usize,
     /// Whether every post was made.
     posted: bool,
+    /// Whether its descriptor was checked (a receive's bytes are posted only then, so that
+    /// a message that does not match never lands in the caller's memory).
+    checked: bool,
+    /// A short receive's bytes, taken at once and copied out once checked ([`BOUNCED`]).
+    bounce: Option<Vec<u8>>,
 }
 
 /// One peer and direction: the messages not yet wholly posted, in order.
@@ -96,6 +108,8 @@ pub(super) struct Batch {
     /// holds them.
     #[allow(clippy::vec_box)]
     wires: Vec<Box<[u8; descriptor::LEN]>>,
+    /// Memory of finished short receives ([`Item::bounce`]), for the next ones.
+    bounces: Vec<Vec<u8>>,
     /// The lanes the last [`Batch::join`] added messages to.
     pub joined: Vec<usize>,
 }
@@ -118,6 +132,7 @@ impl Batch {
             window: 0,
             outstanding: 0,
             wires: Vec::new(),
+            bounces: Vec::new(),
             joined: Vec::new(),
         }
         .reuse(serial, slice)
@@ -179,6 +194,12 @@ impl Batch {
                 wire,
                 pending: 0,
                 posted: false,
+                checked: m.send,
+                bounce: (!m.send && m.len <= BOUNCED).then(|| {
+                    let mut b = self.bounces.pop().unwrap_or_default();
+                    b.resize(m.len, 0);
+                    b
+                }),
             });
             self.lanes[lane].items.push_back(item);
             if !touched.contains(&lane) {
@@ -235,10 +256,19 @@ impl Batch {
                 }
                 l.described = true;
             } else {
+                if !item.checked && item.bounce.is_none() {
+                    break; // a receive whose descriptor has not come yet
+                }
                 let n = self.slice.min(item.msg.len - l.off);
                 // SAFETY: `off + n <= len`: within the caller's message, which its submitter
-                // keeps valid until the operation is settled (after this post completes).
-                let p = unsafe { item.msg.ptr.add(l.off) };
+                // keeps valid until the operation is settled (after this post completes), or
+                // within the bounce memory of its length, which the item keeps until then.
+                let p = unsafe {
+                    match item.bounce.as_mut() {
+                        Some(b) => b.as_mut_ptr().add(l.off),
+                        None => item.msg.ptr.add(l.off),
+                    }
+                };
                 let t = super::driver::p2p_token(serial, Post::Slice, id);
                 // SAFETY: as above.
                 unsafe {
@@ -285,7 +315,7 @@ impl Batch {
         if post == Post::Descriptor && !item.msg.send {
             let ours = item.msg.descriptor();
             match Descriptor::decode(&item.wire[..]) {
-                Some(theirs) if ours.matches(&theirs) => {}
+                Some(theirs) if ours.matches(&theirs) => item.checked = true,
                 theirs => {
                     return Err(Mismatch {
                         peer: item.msg.peer,
@@ -299,6 +329,14 @@ impl Batch {
             }
         }
         if item.posted && item.pending == 0 {
+            if let Some(b) = item.bounce.take() {
+                // The descriptor came first and matched (a mismatch returned above).
+                debug_assert!(item.checked);
+                // SAFETY: the caller's receive memory, valid for its length until the
+                // operation is settled (below); the bounce memory is the batch's.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), item.msg.ptr, b.len()) };
+                self.bounces.push(b);
+            }
             let m = &mut self.members[member];
             m.left -= 1;
             if m.left == 0 {

@@ -59,6 +59,9 @@ pub enum Descriptor {
         sends: u64,
         /// Bytes the describing rank receives (a receive's length, 0 for a send).
         recvs: u64,
+        /// The caller's tag (torch's; 0 for NCCL's calls): a receive whose tag differs from
+        /// the message's fails instead of taking another message's bytes.
+        tag: u32,
     },
 }
 
@@ -94,13 +97,19 @@ impl Descriptor {
     pub fn matches(&self, theirs: &Descriptor) -> bool {
         match (self, theirs) {
             (
-                Descriptor::PointToPoint { seq, sends, recvs },
+                Descriptor::PointToPoint {
+                    seq,
+                    sends,
+                    recvs,
+                    tag,
+                },
                 Descriptor::PointToPoint {
                     seq: s2,
                     sends: sends2,
                     recvs: recvs2,
+                    tag: t2,
                 },
-            ) => seq == s2 && sends == recvs2 && recvs == sends2,
+            ) => seq == s2 && sends == recvs2 && recvs == sends2 && tag == t2,
             (a, b) => a == b,
         }
     }
@@ -131,8 +140,14 @@ impl Descriptor {
                 b[24..32].copy_from_slice(&count.to_le_bytes());
                 b[32..36].copy_from_slice(&slice_bytes.to_le_bytes());
             }
-            Descriptor::PointToPoint { seq, sends, recvs } => {
+            Descriptor::PointToPoint {
+                seq,
+                sends,
+                recvs,
+                tag,
+            } => {
                 b[4] = 2;
+                b[8..12].copy_from_slice(&tag.to_le_bytes());
                 b[16..24].copy_from_slice(&seq.to_le_bytes());
                 b[24..32].copy_from_slice(&sends.to_le_bytes());
                 b[32..40].copy_from_slice(&recvs.to_le_bytes());
@@ -163,6 +178,7 @@ impl Descriptor {
                 seq: u64_at(16),
                 sends: u64_at(24),
                 recvs: u64_at(32),
+                tag: u32_at(8),
             }),
             _ => None,
         }
@@ -191,14 +207,25 @@ impl fmt::Display for Descriptor {
                 }
                 write!(f, " (algorithm {algorithm}, slices of {slice_bytes} B)")
             }
-            Descriptor::PointToPoint { seq, sends, recvs } => match (sends, recvs) {
-                (s, 0) => write!(f, "send #{seq} of {s} B"),
-                (0, r) => write!(f, "receive #{seq} of {r} B"),
-                (s, r) => write!(
-                    f,
-                    "point-to-point message #{seq} sending {s} B and receiving {r} B"
-                ),
-            },
+            Descriptor::PointToPoint {
+                seq,
+                sends,
+                recvs,
+                tag,
+            } => {
+                match (sends, recvs) {
+                    (s, 0) => write!(f, "send #{seq} of {s} B")?,
+                    (0, r) => write!(f, "receive #{seq} of {r} B")?,
+                    (s, r) => write!(
+                        f,
+                        "point-to-point message #{seq} sending {s} B and receiving {r} B"
+                    )?,
+                }
+                if tag != 0 {
+                    write!(f, " with tag {tag}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -212,6 +239,7 @@ mod tests {
                 seq: 3,
                 sends: 9,
                 recvs: 1 << 40,
+                tag: 0,
             }
             .encode()
             .to_vec(),
@@ -240,6 +268,7 @@ mod tests {
             seq: 2,
             sends: 10,
             recvs: 20,
+            tag: 0,
         };
         assert_eq!(Descriptor::decode(&p.encode()), Some(p));
         assert_eq!(Descriptor::decode(&[0u8; LEN]), None);
@@ -255,11 +284,13 @@ mod tests {
             seq: 1,
             sends: 10,
             recvs: 0,
+            tag: 0,
         };
         let b = Descriptor::PointToPoint {
             seq: 1,
             sends: 0,
             recvs: 10,
+            tag: 0,
         };
         assert!(a.matches(&b));
         assert!(!a.matches(&a) || a == b);

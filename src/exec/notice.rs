@@ -87,6 +87,7 @@ mod tests {
             seq: 1,
             sends: 2,
             recvs: 3,
+            tag: 4,
         };
         let seeds = vec![failed(2, 1, "it died"), mismatch(&d)];
         crate::fuzz::run("notice::decode", &seeds, |b| {

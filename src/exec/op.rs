@@ -123,6 +123,8 @@ pub struct Message {
     /// Its number among this rank's messages to (a send) or from (a receive) `peer`: the k-th
     /// send to a peer pairs with the peer's k-th receive from this rank, whatever the groups.
     pub seq: u64,
+    /// The caller's tag (0 unless it names one): must be the same on both sides.
+    pub tag: u32,
 }
 
 impl Message {
@@ -135,6 +137,7 @@ impl Message {
             seq: self.seq,
             sends,
             recvs,
+            tag: self.tag,
         }
     }
 }

@@ -1181,6 +1181,7 @@ fn started_sends_and_receives_run_together_and_end_once() {
                 N,
                 oxcclInt32,
                 peer,
+                7,
                 c,
                 &mut send,
             ));
@@ -1189,6 +1190,7 @@ fn started_sends_and_receives_run_together_and_end_once() {
                 N,
                 oxcclInt32,
                 peer,
+                7,
                 c,
                 &mut recv,
             ));
@@ -1218,7 +1220,7 @@ fn started_sends_and_receives_run_together_and_end_once() {
     // SAFETY: NULL and stale handles are what the boundary must refuse without touching them.
     unsafe {
         fails(
-            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, c, null_mut()),
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, 0, c, null_mut()),
             oxcclInvalidArgument,
             "request is NULL",
         );
@@ -1246,13 +1248,13 @@ fn started_sends_and_receives_run_together_and_end_once() {
         );
         let mut req = null_mut();
         fails(
-            oxcclSendStart(void(&buf), 4, oxcclInt32, 2, c, &mut req),
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 2, 0, c, &mut req),
             oxcclInvalidArgument,
             "peer",
         );
         ok(oxcclGroupStart());
         fails(
-            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, c, &mut req),
+            oxcclSendStart(void(&buf), 4, oxcclInt32, 1, 0, c, &mut req),
             oxcclInvalidUsage,
             "cannot be part of a group",
         );
@@ -1271,6 +1273,7 @@ fn started_sends_and_receives_run_together_and_end_once() {
             4,
             oxcclInt32,
             0,
+            0,
             comms[1].get(),
             &mut pending,
         ))
@@ -1283,4 +1286,38 @@ fn started_sends_and_receives_run_together_and_end_once() {
         oxcclInvalidArgument,
         "not a live request",
     );
+}
+
+/// Started sends and receives carry a tag: a receive whose tag differs from the message it
+/// meets fails with a mismatch naming both tags, and its memory keeps what it held.
+#[test]
+fn a_receive_with_another_tag_is_a_mismatch() {
+    let comms = init_all(2);
+    on_each(&comms, |r, c| {
+        let mut req = null_mut();
+        let mut buf = [9i32; 4];
+        // SAFETY: the buffer outlives the request, which ends below.
+        unsafe {
+            if r == 0 {
+                ok(oxcclSendStart(void(&buf), 4, oxcclInt32, 1, 3, c, &mut req));
+                // Sent eagerly: whether it hears of the receiver's failure in time is a race.
+                let _ = oxcclRequestWait(&mut req);
+            } else {
+                ok(oxcclRecvStart(
+                    void_mut(&mut buf),
+                    4,
+                    oxcclInt32,
+                    0,
+                    4,
+                    c,
+                    &mut req,
+                ));
+                fails(oxcclRequestWait(&mut req), oxcclInvalidUsage, "with tag 4");
+                let msg = last();
+                assert!(msg.contains("send #0 of 16 B with tag 3"), "{msg}");
+                assert_eq!(buf, [9; 4], "the receive wrote into its memory");
+            }
+        }
+    });
+    destroy(comms);
 }

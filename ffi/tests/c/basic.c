@@ -149,8 +149,8 @@ static void collectives(oxcclComm_t comm, int me, int n) {
     oxcclRequest_t sreq = NULL, rreq = NULL;
     int done = 0;
     for (i = 0; i < K; i++) a2a_out[i] = -1;
-    CHECK(oxcclSendStart(bcast, K, oxcclInt32, (me + 1) % n, comm, &sreq));
-    CHECK(oxcclRecvStart(a2a_out, K, oxcclInt32, (me + n - 1) % n, comm, &rreq));
+    CHECK(oxcclSendStart(bcast, K, oxcclInt32, (me + 1) % n, 0, comm, &sreq));
+    CHECK(oxcclRecvStart(a2a_out, K, oxcclInt32, (me + n - 1) % n, 0, comm, &rreq));
     while (!done) CHECK(oxcclRequestTest(&rreq, &done));
     CHECK(oxcclRequestWait(&sreq));
     if (sreq != NULL || rreq != NULL) {
@@ -199,8 +199,8 @@ static void errors(oxcclComm_t comm, int n) {
   FAILS(oxcclRecv(a, 8, oxcclFloat32, -1, comm, NULL), oxcclInvalidArgument, "peer");
   {
     oxcclRequest_t req = NULL, stale = (oxcclRequest_t)(void *)&x;
-    FAILS(oxcclSendStart(a, 8, oxcclFloat32, n, comm, &req), oxcclInvalidArgument, "peer");
-    FAILS(oxcclRecvStart(a, 8, oxcclFloat32, 0, comm, NULL), oxcclInvalidArgument, "request");
+    FAILS(oxcclSendStart(a, 8, oxcclFloat32, n, 0, comm, &req), oxcclInvalidArgument, "peer");
+    FAILS(oxcclRecvStart(a, 8, oxcclFloat32, 0, 0, comm, NULL), oxcclInvalidArgument, "request");
     FAILS(oxcclRequestWait(&stale), oxcclInvalidArgument, "not a live request");
     FAILS(oxcclRequestTest(&stale, NULL), oxcclInvalidArgument, "done");
   }

@@ -50,8 +50,9 @@ What does not work, and why:
   sends to a peer is the peer's k-th receive from it, and a receive whose tag differs from
   that message's raises "does not match" (naming both tags) instead of taking its bytes
   (Gloo matches tags out of order; ``batch_isend_irecv``, like NCCL, ignores them). ``isend`` and ``irecv`` start at once
-  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so the orders of sends and
-  receives that work on Gloo work here (both ranks sending first included, at any size); a
+  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so sends and receives in any
+  order that works on Gloo with one tag work here (both ranks sending first included, at any
+  size); a
   receive whose length differs from the send it pairs with raises "does not match" in its
   ``wait()``, and the communicator is then broken. One order Gloo accepts does not: a
   collective called while this rank's started receive (or a send larger than the link

@@ -242,13 +242,7 @@ impl Communicator {
         len: usize,
     ) -> Result<Arc<OpResult>> {
         let what = if send { "send" } else { "recv" };
-        if peer >= self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "rank {}: {what}: peer {peer} is not a rank of this communicator of {}",
-                self.rank(),
-                self.size()
-            )));
-        }
+        self.check_peer(peer, what)?;
         if peer == self.rank() {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: {what} to or from itself: pair it with its counterpart in one group \

@@ -50,16 +50,23 @@ impl Communicator {
     }
 }
 
-impl<'a> Group<'a> {
-    fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {
-        if peer >= self.comm.size() {
+impl Communicator {
+    /// Fails unless `peer` is a rank of this communicator (`what`: the call, for the error).
+    pub(crate) fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {
+        if peer >= self.size() {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: {what}: peer {peer} is not a rank of this communicator of {}",
-                self.comm.rank(),
-                self.comm.size()
+                self.rank(),
+                self.size()
             )));
         }
         Ok(())
+    }
+}
+
+impl<'a> Group<'a> {
+    fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {
+        self.comm.check_peer(peer, what)
     }
 
     /// Adds a send of `buf` to `peer`.

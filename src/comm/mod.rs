@@ -727,12 +727,18 @@ impl Inner {
                     continue;
                 }
             }
-            for _ in 0..1000 {
-                if result.is_done() || !self.flags.wanted() {
-                    break;
-                }
-                std::thread::yield_now();
+            self.let_in(|| result.is_done());
+        }
+    }
+
+    /// After letting go of the lock: yields (a while, at most) to threads waiting for it,
+    /// until none is left or `stop` says to go on.
+    fn let_in(&self, stop: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if stop() || !self.flags.wanted() {
+                break;
             }
+            std::thread::yield_now();
         }
     }
 }
@@ -765,12 +771,7 @@ fn progress_thread(weak: Weak<Inner>) {
             drop(st);
             std::thread::yield_now();
             // A thread that queues an operation gets the lock before this one takes it back.
-            for _ in 0..1000 {
-                if !inner.flags.wanted() {
-                    break;
-                }
-                std::thread::yield_now();
-            }
+            inner.let_in(|| false);
         }
     }
 }

@@ -214,14 +214,7 @@ impl Communicator {
             .map(|m| (m.peer, m.send, m.ptr, m.len, m.tag))
             .collect();
         for &(peer, send, _, _, _) in &ops {
-            if peer >= self.size() {
-                return Err(Error::InvalidArgument(format!(
-                    "rank {}: {}: peer {peer} is not a rank of this communicator of {}",
-                    self.rank(),
-                    if send { "send" } else { "recv" },
-                    self.size()
-                )));
-            }
+            self.check_peer(peer, if send { "send" } else { "recv" })?;
         }
         // SAFETY: the caller's contract covers every message's memory until the Pending ends.
         let result = unsafe { self.submit_point_to_point(&ops) }?;

@@ -100,8 +100,6 @@ pub(super) struct Batch {
     lanes: Vec<Lane>,
     slice: usize,
     window: usize,
-    /// Posts not yet completed.
-    pub outstanding: usize,
     /// Descriptor memory of finished messages, for the next ones (a batch is kept for the
     /// next operations once it is done: allocations were a fifth of a small send's cost).
     /// Boxes, handed between items and this pool: their contents must not move while a link
@@ -130,7 +128,6 @@ impl Batch {
             lanes: Vec::new(),
             slice: 1,
             window: 0,
-            outstanding: 0,
             wires: Vec::new(),
             bounces: Vec::new(),
             joined: Vec::new(),
@@ -140,7 +137,7 @@ impl Batch {
 
     /// This batch, done, as a new one numbered `serial` (keeping its memory).
     pub fn reuse(mut self, serial: u64, slice: usize) -> Batch {
-        debug_assert!(self.is_empty() && self.items.is_empty() && self.outstanding == 0);
+        debug_assert!(self.is_empty() && self.items.is_empty());
         self.serial = serial;
         self.slice = slice.max(1);
         self.window = (IN_FLIGHT_BYTES / self.slice).clamp(MIN_IN_FLIGHT, MAX_IN_FLIGHT);
@@ -148,8 +145,8 @@ impl Batch {
     }
 
     /// Adds point-to-point operation `op`, due by `timeout` from now; [`Batch::joined`] then
-    /// lists the lanes it added messages to (to feed).
-    pub fn join(&mut self, op: Operation, timeout: Duration) {
+    /// lists the lanes it added messages to (to feed). One without messages is settled at once.
+    pub fn join(&mut self, op: Operation, timeout: Duration, recorder: &Recorder) {
         let id = self.first_member + self.members.len() as u64;
         let messages: &[Message] = match &op.work {
             Work::PointToPoint { messages, .. } => messages,
@@ -207,6 +204,10 @@ impl Batch {
             }
             left += 1;
         }
+        if left == 0 {
+            op.settle(recorder, Ok(()));
+            return;
+        }
         self.members.push_back(Member {
             op,
             left,
@@ -222,15 +223,6 @@ impl Batch {
     /// The lanes: peer of each.
     pub fn lane_peer(&self, lane: usize) -> Rank {
         self.lanes[lane].peer
-    }
-
-    /// Settles operations without messages left (one with none at all, at once).
-    pub fn settle_done(&mut self, recorder: &Recorder) {
-        for m in self.members.iter_mut().filter(|m| !m.done && m.left == 0) {
-            m.done = true;
-            m.op.settle(recorder, Ok(()));
-        }
-        self.trim();
     }
 
     /// Posts on `link` what `lane`'s window has room for.
@@ -287,7 +279,6 @@ impl Batch {
             }
             item.pending += 1;
             l.in_flight += 1;
-            self.outstanding += 1;
         }
         Ok(())
     }
@@ -308,7 +299,6 @@ impl Batch {
             return Ok(None);
         }
         item.pending -= 1;
-        self.outstanding = self.outstanding.saturating_sub(1);
         let lane = item.lane;
         self.lanes[lane].in_flight = self.lanes[lane].in_flight.saturating_sub(1);
         let member = (item.member - self.first_member) as usize;

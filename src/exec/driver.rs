@@ -403,9 +403,16 @@ impl Engine {
                 tv_nsec: timeout.subsec_nanos() as i64,
             };
             let _ = rustix::event::poll(&mut pollfds, Some(&ts));
+            // The waker (last) woke us: empty it, unless it says abort (see `Flags::want`).
+            let woken = self.flags.waker().is_some()
+                && pollfds
+                    .last()
+                    .is_some_and(|p| p.revents().contains(rustix::event::PollFlags::IN));
             drop(pollfds);
             drop(fds);
-            self.flags.drain_waker();
+            if woken {
+                self.flags.drain_waker();
+            }
         }
         for link in self.links.iter_mut().flatten().take(armed) {
             link.disarm();
@@ -669,16 +676,6 @@ impl Engine {
     fn join(&mut self, op: Operation) {
         if let Work::PointToPoint { messages, .. } = &op.work {
             let peers = || messages.iter().map(|m| m.peer);
-            if let Some(peer) = peers().find(|&p| self.links.get(p).is_none_or(Option::is_none))
-                && self.dead.get(peer).is_none_or(Option::is_none)
-            {
-                let e = Error::InvalidArgument(format!(
-                    "rank {}: {} names rank {peer}, which has no link",
-                    self.rank, op.name
-                ));
-                op.settle(&self.recorder, Err(e));
-                return;
-            }
             if let Some((peer, why)) =
                 peers().find_map(|p| self.dead.get(p)?.clone().map(|w| (p, w)))
             {
@@ -690,6 +687,14 @@ impl Engine {
                 };
                 self.queue.push_front(op);
                 self.fail_with(e);
+                return;
+            }
+            if let Some(peer) = peers().find(|&p| self.links.get(p).is_none_or(Option::is_none)) {
+                let e = Error::InvalidArgument(format!(
+                    "rank {}: {} names rank {peer}, which has no link",
+                    self.rank, op.name
+                ));
+                op.settle(&self.recorder, Err(e));
                 return;
             }
         }
@@ -707,8 +712,7 @@ impl Engine {
             });
         }
         let batch = self.batch.as_mut().expect("made above");
-        batch.join(op, self.timeout);
-        batch.settle_done(&self.recorder);
+        batch.join(op, self.timeout, &self.recorder);
         if batch.is_empty() {
             self.spare = self.batch.take();
             return;

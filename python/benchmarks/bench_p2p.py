@@ -10,7 +10,10 @@ Per size (float32 tensors of 8 B, 64 KiB, 1 MiB), on rank 0, the median of 5 tim
   torch's tutorials write; on oxccl before 2026-12-05 it failed with "does not match").
 
 Gloo is the default group (init_process_group("cpu:gloo")); oxccl is a group over the same
-ranks (new_group(backend="oxccl")), alternately per row. Rank 0 prints a Markdown table.
+ranks (new_group(backend="oxccl")), alternately per row. Rank 0 prints a Markdown table, and
+before it the time of the first 8-byte exchange on a fresh group of each backend (on oxccl it
+makes the two ranks' point-to-point communicator; Gloo connects its pairs when the group is
+made), the median of 3 fresh groups.
 """
 
 import statistics
@@ -58,6 +61,17 @@ def main():
     if world != 2:
         raise SystemExit("bench_p2p.py runs on 2 ranks")
     gloo = dist.group.WORLD
+    first = {}
+    for backend in ("gloo", "oxccl"):
+        times = []
+        for _ in range(3):
+            g = dist.new_group(backend=backend)
+            dist.barrier(group=gloo)
+            start = time.perf_counter()
+            exchange(torch.ones(2), torch.zeros(2), 1 - me, me, g, 1)
+            times.append(time.perf_counter() - start)
+            dist.destroy_process_group(g)
+        first[backend] = statistics.median(times) * 1e6
     ox = dist.new_group(backend="oxccl")
     rows = []
     for nbytes, label in SIZES:
@@ -69,6 +83,8 @@ def main():
                 row.append(timed(fn, x, y, 1 - me, me, group, iters, per) * 1e6)
         rows.append(row)
     if me == 0:
+        print(f"first 8-byte exchange on a fresh group: Gloo {first['gloo']:.0f} µs, "
+              f"oxccl {first['oxccl']:.0f} µs")
         print("| size | one way, Gloo | one way, oxccl | Gloo / oxccl | exchange, Gloo "
               "| exchange, oxccl | Gloo / oxccl |")
         print("|---|---|---|---|---|---|---|")

@@ -146,8 +146,10 @@ def unique_id():
     return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
 
 
-# OXCCL_TIMEOUT is read when a communicator is created; creations that want their own timeout
-# set it under this lock (the C ABI's config has NCCL's fields only).
+# OXCCL_TIMEOUT is read when a communicator's creation is called; creations that want their own
+# timeout set it under this lock (the C ABI's config has NCCL's fields only). The creation itself
+# runs outside the lock (it is deferred to the end of a group), so creations that wait for
+# different peers never wait for each other.
 _env_lock = threading.Lock()
 
 
@@ -158,19 +160,27 @@ def init_rank(nranks, uid_bytes, rank, timeout_s=None):
         raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
     uid = UniqueId.from_buffer_copy(uid_bytes)
     comm = c_void_p()
-    with _env_lock:
-        saved = os.environ.get("OXCCL_TIMEOUT")
-        if timeout_s is not None:
-            os.environ["OXCCL_TIMEOUT"] = repr(float(timeout_s))
-        try:
-            code = lib.oxcclCommInitRank(ctypes.byref(comm), nranks, uid, rank)
-        finally:
+    what = f"CommInitRank (rank {rank} of {nranks})"
+    # Inside a group oxcclCommInitRank reads its configuration (the environment) at once and
+    # creates the communicator at oxcclGroupEnd, which is called without the lock.
+    check(lib.oxcclGroupStart(), "GroupStart")
+    try:
+        with _env_lock:
+            saved = os.environ.get("OXCCL_TIMEOUT")
             if timeout_s is not None:
-                if saved is None:
-                    del os.environ["OXCCL_TIMEOUT"]
-                else:
-                    os.environ["OXCCL_TIMEOUT"] = saved
-    check(code, f"CommInitRank (rank {rank} of {nranks})")
+                os.environ["OXCCL_TIMEOUT"] = repr(float(timeout_s))
+            try:
+                code = lib.oxcclCommInitRank(ctypes.byref(comm), nranks, uid, rank)
+            finally:
+                if timeout_s is not None:
+                    if saved is None:
+                        del os.environ["OXCCL_TIMEOUT"]
+                    else:
+                        os.environ["OXCCL_TIMEOUT"] = saved
+    finally:
+        end = lib.oxcclGroupEnd()
+    check(code, what)
+    check(end, what)
     return comm.value
 
 

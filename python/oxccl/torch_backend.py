@@ -49,21 +49,25 @@ What does not work, and why:
   it raises at once. Messages do not overtake each other by tag: the k-th message a rank
   sends to a peer is the peer's k-th receive from it, and a receive whose tag differs from
   that message's raises "does not match" (naming both tags) instead of taking its bytes
-  (Gloo matches tags out of order; ``batch_isend_irecv``, like NCCL, ignores them). ``isend`` and ``irecv`` start at once
-  (``oxcclSendStart`` / ``oxcclRecvStart``) and run together, so sends and receives in any
-  order that works on Gloo with one tag work here (both ranks sending first included, at any
-  size); a
-  receive whose length differs from the send it pairs with raises "does not match" in its
-  ``wait()``, and the communicator is then broken. One order Gloo accepts does not: a
-  collective called while this rank's started receive (or a send larger than the link
-  buffers) is unfinished runs after it, so if the peer sends only after that collective,
-  both wait until the timeout (Gloo keeps point-to-point and collectives apart; oxccl's
-  links carry both in one order). Wait for such a receive before the collective.
+  (Gloo matches tags out of order; ``batch_isend_irecv``, like NCCL, ignores them).
+  A receive whose length differs from the send it pairs with raises "does not match" in its
+  ``wait()``, and point-to-point traffic between the two ranks is then broken (the group's
+  collectives are not).
+
+Point-to-point traffic runs apart from the group's collectives, as on Gloo: each pair of ranks
+that exchanges messages gets a communicator of its own (``_Pair``, what ProcessGroupNCCL does
+for send/recv), made in the background through the group's store when the first message
+between them starts (a few milliseconds, once). ``isend`` and ``irecv`` start at once
+(``oxcclSendStart`` / ``oxcclRecvStart``), whatever collectives are queued or running, so
+sends, receives and collectives in any order that works on Gloo with one tag work here: both
+ranks sending first, at any size; a receive started before a collective whose peer sends only
+after it; a receive while this rank's async all-reduce waits for the sender.
 """
 
 import ctypes
 import datetime
 import queue
+import re
 import sys
 import threading
 
@@ -182,24 +186,28 @@ def _unwrap(fut):
 
 
 class _P2PWork(dist._Work):
-    """The Work of a send or receive, over oxccl's requests (``oxcclSendStart`` /
-    ``oxcclRecvStart``): they run in the background from the start, and ``wait()`` ends them
-    on the caller's thread (the GIL released), ``is_completed()`` tests them without
-    blocking, and ``get_future()`` is completed by a helper thread made when first asked for.
-    A failure is raised by ``wait()`` (a DistBackendError naming the rank, the peer and the
-    operation) and carried by the future as a real error, as ``_Work``'s."""
+    """The Work of sends and receives (one call's, or a coalesced batch's) over oxccl's
+    requests (``oxcclSendStart`` / ``oxcclRecvStart``) on the point-to-point communicator of
+    each message's peer (``OxcclBackend._pair``): they run in the background from the start
+    (or from the moment that communicator is made), ``wait()`` ends them on the caller's thread
+    (the GIL released), ``is_completed()`` tests them without blocking, and ``get_future()`` is
+    completed by a helper thread made when first asked for. A failure is raised by ``wait()``
+    (a DistBackendError naming the rank, the peer and the operation) and carried by the future
+    as a real error, as ``_Work``'s."""
 
-    def __init__(self, backend, send, peer, messages, result, what, tag=0):
+    def __init__(self, backend, messages, result, what):
         super().__init__()
         self._backend = backend
-        self._send = send
-        self._peer = peer
-        self._tag = int(tag)
-        self._messages = messages  # (buffer, oxccl dtype, copy-back or None): kept alive
+        # (send, peer, tag, buffer, oxccl dtype, copy-back or None): the buffers kept alive
+        self._messages = messages
         self._result = result
         self._what = what
-        self._requests = []
-        self.issued = None  # the worker's future, where it starts them
+        self._requests = [None] * len(messages)  # (pair, request) once started
+        # Messages waiting for their pair's communicator to be made, plus one while start()
+        # runs; the event (made only for such a wait) is set when they have all started.
+        self._waiting = 1
+        self._ready = None
+        self._start_error = None
         self._lock = threading.Lock()
         self._ended = False
         self._error = None
@@ -207,21 +215,55 @@ class _P2PWork(dist._Work):
         self._chained = None
         self._settled = False
 
-    def start(self, comm):
-        start = lib.oxcclSendStart if self._send else lib.oxcclRecvStart
-        for buf, dtype, _ in self._messages:
+    def start(self):
+        for i, message in enumerate(self._messages):
+            pair = self._backend._pair(message[1])
+            if pair.pending is None:  # made, and every message posted before started
+                self.start_one(i, pair)
+            else:
+                pair.post(self, i)
+        if self._ready is None:
+            self._waiting = 0
+        else:
+            self.started_one()
+
+    def wait_for_pair(self):
+        """Message posted to wait for its pair's communicator (under the pair's lock)."""
+        with _PENDING_LOCK:
+            if self._ready is None:
+                self._ready = threading.Event()
+            self._waiting += 1
+
+    def started_one(self):
+        """A message that waited has started (or failed to), or start() is done."""
+        with _PENDING_LOCK:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._ready.set()
+
+    def start_one(self, i, pair):
+        """Starts message ``i`` on ``pair``'s communicator (or records why it cannot start).
+        Called once per message, in each pair's order."""
+        send, _, tag, buf, dtype, _ = self._messages[i]
+        error = pair.error
+        if error is None:
             request = ctypes.c_void_p()
+            start = lib.oxcclSendStart if send else lib.oxcclRecvStart
             code = start(
                 buf.data_ptr(),
                 buf.numel(),
                 dtype,
-                self._peer,
-                self._tag,
-                comm,
+                pair.peer,
+                tag,
+                pair.comm,
                 ctypes.byref(request),
             )
-            self._backend._check(code, self._what)
-            self._requests.append(request)
+            if code == _lib.SUCCESS:
+                self._requests[i] = (pair, request)
+            else:
+                error = pair.failure(code, self._what)
+        if error is not None and self._start_error is None:
+            self._start_error = error
 
     def test(self):
         """Whether the requests have ended (ends them if they are done), without blocking and
@@ -238,14 +280,19 @@ class _P2PWork(dist._Work):
         caller holds ``_lock`` and settles the future after letting go of it."""
         if self._ended:
             return True
+        if self._waiting:
+            if not block:
+                return False
+            # Bounded: a point-to-point communicator is made (or fails) within the store's
+            # and the group's timeouts, and every message then starts or fails at once.
+            self._ready.wait()
         try:
-            if self.issued is not None:
-                if not block and not self.issued.done():
-                    return False
-                self.issued.wait()
-            for request in self._requests:
-                if request.value is None:
+            if self._start_error is not None:
+                raise self._start_error
+            for started in self._requests:
+                if started is None or started[1].value is None:
                     continue
+                pair, request = started
                 if block:
                     code = lib.oxcclRequestWait(ctypes.byref(request))
                 else:
@@ -253,16 +300,17 @@ class _P2PWork(dist._Work):
                     code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
                     if code == _lib.SUCCESS and not done.value:
                         return False
-                self._backend._check(code, self._what)
-            for _, _, finish in self._messages:
+                if code != _lib.SUCCESS:
+                    raise pair.failure(code, self._what)
+            for *_, finish in self._messages:
                 if finish is not None:
                     finish()
         except BaseException as e:  # noqa: BLE001 - kept for every later call
             self._error = e
             # The buffers stay until no request uses them: end the others, whatever they say.
-            for request in self._requests:
-                if request.value is not None:
-                    lib.oxcclRequestWait(ctypes.byref(request))
+            for started in self._requests:
+                if started is not None and started[1].value is not None:
+                    lib.oxcclRequestWait(ctypes.byref(started[1]))
         self._ended = True
         self._messages = None
         return True
@@ -312,6 +360,102 @@ class _P2PWork(dist._Work):
             self.wait()
         except BaseException:  # noqa: BLE001 - the future carries it
             pass
+
+
+# Guards the few works whose messages wait for a pair's communicator (_P2PWork.wait_for_pair).
+_PENDING_LOCK = threading.Lock()
+
+# Where a group's rank puts the UniqueId of its point-to-point communicator with a higher
+# rank, in the group's store: f"{_PAIR_KEY}/{low}/{high}".
+_PAIR_KEY = "oxccl_p2p_uid"
+
+
+class _Pair:
+    """This rank's point-to-point channel to one peer of the group: a communicator of the two
+    of them (rank 0 the lower group rank), as ProcessGroupNCCL makes for send/recv, so that
+    messages never queue behind the group's collectives or theirs behind messages (the two
+    ranks may call them in different orders, as on Gloo). Made in the background on first use
+    (a message waits for it), through the group's store; the messages to ``self`` use the
+    group's own communicator."""
+
+    def __init__(self, backend, peer, comm=None):
+        self.lock = threading.Lock()
+        self.backend = backend
+        self.group_peer = peer
+        me = backend.rank()
+        self.ranks = (min(me, peer), max(me, peer))  # the group ranks of its ranks 0 and 1
+        self.own = comm is None  # made for this pair (not the group's communicator)
+        self.peer = (0 if peer < me else 1) if self.own else peer
+        self.comm = comm
+        self.error = None
+        self.pending = [] if comm is None else None  # (work, message) until it is made
+
+    def make(self):
+        me = self.backend.rank()
+        low, high = self.ranks
+        comm, error = None, None
+        try:
+            key = f"{_PAIR_KEY}/{low}/{high}"
+            if me == low:
+                uid = _lib.unique_id()
+                self.backend._store.set(key, uid)
+            else:
+                uid = bytes(self.backend._store.get(key))
+            comm = _lib.init_rank(2, uid, 0 if me == low else 1, self.backend._timeout_s)
+        except BaseException as e:  # noqa: BLE001 - every message to this peer gets it
+            error = dist.DistBackendError(
+                f"oxccl point-to-point with {self.group_peer} on {self.backend._where}: "
+                f"making the communicator of ranks {low} and {high} failed: {self._names(e)}"
+            )
+        with self.lock:
+            if self.backend._closed is not None:
+                error = error or self.backend._closed_error("point-to-point")
+                if comm is not None:
+                    lib.oxcclCommDestroy(comm)
+                comm = None
+            self.comm, self.error = comm, error
+            for work, i in self.pending:
+                work.start_one(i, self)
+                work.started_one()
+            # Only now: a message that finds no pending list starts at once, after these.
+            self.pending = None
+
+    def post(self, work, i):
+        with self.lock:
+            if self.pending is not None:
+                work.wait_for_pair()
+                self.pending.append((work, i))
+            else:
+                work.start_one(i, self)
+
+    def failure(self, code, what):
+        """The DistBackendError of a failed call on this pair's communicator, naming the
+        group's ranks."""
+        detail = (
+            _lib.last_error(self.comm) or _lib.last_error(None) or _lib.error_string(code)
+        )
+        return dist.DistBackendError(
+            f"oxccl {what} on {self.backend._where}: {self._names(detail)}"
+        )
+
+    def _names(self, text):
+        """``text`` with the pair communicator's ranks (0 and 1) named as the group's."""
+        if not self.own:
+            return str(text)
+        return _RANK.sub(lambda m: f"{m.group(1)}{self.ranks[int(m.group(2))]}", str(text))
+
+    def close(self, how):
+        """Destroys (or aborts) the pair's own communicator; the caller has set the backend
+        closed, so one made later is destroyed by ``make``."""
+        with self.lock:
+            comm, self.comm = self.comm, None
+            self.error = self.error or self.backend._closed_error("point-to-point")
+        if comm is not None and self.own:
+            how(comm)
+
+
+# "rank 1", "rank(s) 0": a rank named in an oxccl message (see _Pair._names).
+_RANK = re.compile(r"\b(rank(?:s|\(s\))? )([01])\b")
 
 
 def _done(result):
@@ -556,6 +700,9 @@ class OxcclBackend(*_BASES):
         self._jobs = None
         self._queued = 0
         self._p2p_works = []
+        self._coalesced_p2p = None
+        self._pairs = {}  # peer -> _Pair
+        self._closed = None  # "shut down" or "aborted", once it is
         self._queued_lock = threading.Lock()
         self._worker = None
 
@@ -588,10 +735,35 @@ class OxcclBackend(*_BASES):
 
     def _live(self, what):
         if self._comm is None:
-            raise dist.DistBackendError(
-                f"oxccl {what} on {self._where}: the communicator was shut down or aborted"
-            )
+            raise self._closed_error(what)
         return self._comm
+
+    def _closed_error(self, what):
+        return dist.DistBackendError(
+            f"oxccl {what} on {self._where}: the communicator was "
+            f"{self._closed or 'shut down or aborted'}"
+        )
+
+    def _pair(self, peer):
+        """The point-to-point channel to ``peer`` (see ``_Pair``), made on first use."""
+        pair = self._pairs.get(peer)
+        if pair is not None:
+            return pair
+        with self._queued_lock:
+            pair = self._pairs.get(peer)
+            if pair is not None:
+                return pair
+            if peer == self.rank():
+                pair = _Pair(self, peer, comm=self._live("point-to-point"))
+            else:
+                if self._closed is not None:
+                    raise self._closed_error("point-to-point")
+                pair = _Pair(self, peer)
+                threading.Thread(
+                    target=pair.make, name=f"oxccl-p2p-{self.rank()}-{peer}", daemon=True
+                ).start()
+            self._pairs[peer] = pair
+            return pair
 
     def _tensor(self, t, what):
         """A contiguous CPU tensor with ``t``'s data, its oxccl type, and whether results
@@ -1103,30 +1275,40 @@ class OxcclBackend(*_BASES):
         return self._p2p(False, src, messages, tensors, what, tag)
 
     def _p2p(self, send, peer, messages, result, what, tag=0):
-        """A send or receive: a step of the group being coalesced (batch_isend_irecv), or
-        started now (behind the asynchronous work still queued, by the worker) and waited
-        for through its Work, so that an ``isend`` and the ``irecv`` after it both run while
-        the peer's do, as on Gloo."""
+        """A send or receive, started now on the point-to-point channel to ``peer`` (see
+        ``_Pair``), whatever collectives are queued or running, and waited for through its
+        Work, so that an ``isend`` and the ``irecv`` after it both run while the peer's do, as
+        on Gloo. Inside a coalesced group (batch_isend_irecv) it starts with the group's
+        others at its end (tags ignored, as NCCL's); a message to this rank itself is then a
+        step of the group's oxccl group."""
         if self._coalesced is not None:
-            issue = self._send_issue if send else self._recv_issue
-            self._coalesced.extend(
-                _Step(what, issue(buf, 0, buf.numel(), dtype, peer, what), finish)
-                for buf, dtype, finish in messages
-            )
+            if peer == self.rank():
+                issue = self._send_issue if send else self._recv_issue
+                self._coalesced.extend(
+                    _Step(what, issue(buf, 0, buf.numel(), dtype, peer, what), finish)
+                    for buf, dtype, finish in messages
+                )
+            else:
+                self._coalesced_p2p.extend(
+                    (send, peer, 0, buf, dtype, finish) for buf, dtype, finish in messages
+                )
             return _done(result)
-        work = _P2PWork(self, send, peer, messages, result, what, tag)
+        work = _P2PWork(
+            self,
+            [(send, peer, tag, buf, dtype, finish) for buf, dtype, finish in messages],
+            result,
+            what,
+        )
+        self._start_p2p(work)
+        return work
+
+    def _start_p2p(self, work):
         # Works nobody waits for keep their buffers alive until they end (or the
         # communicator goes, which waits for its requests).
         with self._queued_lock:
             self._p2p_works = [w for w in self._p2p_works if not w.test()]
             self._p2p_works.append(work)
-        if self._queued == 0:
-            work.start(self._live(what))
-        else:
-            fut = torch.futures.Future()
-            work.issued = fut
-            self._submit([_Step(what, work.start)], [], fut)
-        return work
+        work.start()
 
     def recv_anysource(self, tensors, tag=0):
         raise dist.DistBackendError(
@@ -1202,16 +1384,30 @@ class OxcclBackend(*_BASES):
         if self._coalesced is not None:
             raise dist.DistBackendError(f"oxccl on {self._where}: coalescing has already started")
         self._coalesced = []
+        self._coalesced_p2p = []
 
     def end_coalescing(self):
         steps, self._coalesced = self._coalesced, None
+        messages, self._coalesced_p2p = self._coalesced_p2p, None
         if steps is None:
             raise dist.DistBackendError(
                 f"oxccl on {self._where}: end_coalescing without start_coalescing"
             )
-        if not steps:
-            return _done([])
-        return self._run(steps, [], False)
+        work = None
+        if messages:
+            what = " + ".join(
+                sorted({f"{'send to' if m[0] else 'recv from'} {m[1]}" for m in messages})
+            )
+            work = _P2PWork(self, messages, [], what)
+            self._start_p2p(work)
+        if steps:
+            try:
+                done = self._run(steps, [], False)
+            finally:
+                if work is not None:
+                    work.wait()  # raises its own failure first
+            return done
+        return work if work is not None else _done([])
 
     # -- communicators --
 
@@ -1266,9 +1462,7 @@ class OxcclBackend(*_BASES):
                 self._shut_devices("shutdown")
         finally:
             self._stop_worker(wait=True)
-            comm, self._comm = self._comm, None
-            if comm is not None:
-                lib.oxcclCommDestroy(comm)
+            self._close("shut down", lib.oxcclCommDestroy)
 
     def abort(self):
         """Aborts the communicator: operations in flight on it fail at once."""
@@ -1276,10 +1470,20 @@ class OxcclBackend(*_BASES):
             if not _SUBCLASSABLE:
                 self._shut_devices("abort")
         finally:
-            comm, self._comm = self._comm, None
-            if comm is not None:
-                lib.oxcclCommAbort(comm)
+            self._close("aborted", lib.oxcclCommAbort)
             self._stop_worker(wait=False)
+
+    def _close(self, closed, how):
+        """Destroys or aborts (``how``) the group's communicator and its point-to-point ones
+        (those still being made are destroyed when made)."""
+        with self._queued_lock:
+            self._closed = self._closed or closed
+            pairs, self._pairs = list(self._pairs.values()), {}
+        for pair in pairs:
+            pair.close(how)
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            how(comm)
 
     def _stop_worker(self, wait):
         w = self._worker

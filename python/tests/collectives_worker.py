@@ -1062,29 +1062,93 @@ def p2p_orders(ctx):
 
 
 @case(worlds=(2, 3, 4))
+def p2p_around_collectives(ctx):
+    # Sends and receives that a collective overtakes on one rank and not on the other, which
+    # Gloo runs because it keeps point-to-point traffic apart from collectives: rank 0 starts
+    # a receive (or a send larger than any link buffer), then joins an all-reduce, then waits
+    # for it, while rank 1 joins the all-reduce first and sends (or receives) after it; and an
+    # async all-reduce still queued when rank 0 receives what rank 1 sends before joining it.
+    n, r = ctx.world, ctx.rank
+    for elems in (4, P2P_LARGE):
+
+        def d_values(d, salt, elems=elems):
+            return d(values(torch.float32, (elems,), r, salt, kind="int"))
+
+        def recv_before_collective(group, _async, d):
+            x, y, z = d_values(d, "rbc-x"), torch.zeros(elems), d_values(d, "rbc-z")
+            if r == 0:
+                w = dist.irecv(y, group_src=1, group=group)
+                dist.all_reduce(z, group=group)
+                w.wait()
+            else:
+                dist.all_reduce(z, group=group)
+                if r == 1:
+                    dist.send(x, group_dst=0, group=group)
+            return None, [], [y, z]
+
+        def send_before_collective(group, _async, d):
+            x, y, z = d_values(d, "sbc-x"), torch.zeros(elems), d_values(d, "sbc-z")
+            if r == 0:
+                w = dist.isend(x, group_dst=1, group=group)
+                dist.all_reduce(z, group=group)
+                w.wait()
+            else:
+                dist.all_reduce(z, group=group)
+                if r == 1:
+                    dist.recv(y, group_src=0, group=group)
+            return None, [], [y, z]
+
+        def recv_behind_async_collective(group, _async, d):
+            x, y, z = d_values(d, "rba-x"), torch.zeros(elems), d_values(d, "rba-z")
+            if r == 0:
+                w = dist.all_reduce(z, group=group, async_op=True)
+                dist.recv(y, group_src=1, group=group)
+                w.wait()
+            else:
+                if r == 1:
+                    dist.send(x, group_dst=0, group=group)
+                dist.all_reduce(z, group=group)
+            return None, [], [y, z]
+
+        for what, run in (
+            ("irecv, all_reduce, wait against all_reduce, send", recv_before_collective),
+            ("isend, all_reduce, wait against all_reduce, recv", send_before_collective),
+            ("async all_reduce, recv against send, all_reduce", recv_behind_async_collective),
+        ):
+            compare(ctx, f"{what} of {elems * 4} B", run, torch.float32, asyncs=(False,))
+
+
+@case(worlds=(2, 3, 4))
 def p2p_mismatch(ctx):
     # A receive that does not match the peer's send (8 elements against 16) fails at the
-    # receiver, naming both messages, without writing the data. The communicator is broken
-    # after the mismatch, so this runs on a throwaway group.
+    # receiver, naming both messages, without writing the data. The two ranks' point-to-point
+    # traffic is broken after the mismatch, so this runs on a throwaway group.
+    # The two highest ranks: their point-to-point communicator numbers them 0 and 1, and the
+    # error must name them as the group does.
     g = dist.new_group(backend="oxccl", timeout=datetime.timedelta(seconds=30))
-    r = ctx.rank
-    if r == 0:
+    r, sender, receiver = ctx.rank, ctx.world - 2, ctx.world - 1
+    if r == sender:
         try:
-            dist.isend(torch.full((16,), 1.0), group_dst=1, group=g).wait()
+            dist.isend(torch.full((16,), 1.0), group_dst=receiver, group=g).wait()
         except dist.DistBackendError:
             pass  # the receiver's notice may come back first; the receiver's error is checked
-    elif r == 1:
+    elif r == receiver:
         y = torch.zeros(8)
-        w = dist.irecv(y, group_src=0, group=g)
+        w = dist.irecv(y, group_src=sender, group=g)
         ctx.expect_error(
             "a receive of 32 B from a send of 64 B",
             w.wait,
             "does not match",
-            "receive #0 of 32 B",
-            "send #0 of 64 B",
+            f"rank {receiver} called receive #0 of 32 B",
+            f"rank {sender} called send #0 of 64 B",
             types=(dist.DistBackendError,),
         )
         ctx.check(torch.equal(y, torch.zeros(8)), "p2p_mismatch", f"the receive wrote {y.tolist()}")
+    # The group's collectives go on (they do not share the broken communicator).
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t, group=g)
+    n = ctx.world
+    ctx.same(t, torch.full((4,), n * (n - 1) / 2), "all_reduce after a point-to-point mismatch")
     dist.destroy_process_group(g)
     # The same with equal lengths and other tags (Gloo would match the tags out of order;
     # oxccl pairs in order and refuses the tag, writing nothing), after a pair whose tags agree.

@@ -1,4 +1,4 @@
-"""One rank of a small DDP (and FSDP2) training run, launched by torchrun. It does not import
+"""One rank of a small DDP (and FSDP2, and pipeline-parallel) training run, launched by torchrun. It does not import
 oxccl: ``init_process_group(BACKEND)`` finds the backend through the installed package's
 entry point. Rank 0 saves the final parameters and buffers of every variant to OUT (a
 torch.save'd dict) for test_ddp.py to compare across backends.
@@ -93,6 +93,42 @@ def train_fsdp(rank):
     return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
 
 
+def train_pipeline(rank, world):
+    """Pipeline parallelism (torch.distributed.pipelining): four linear layers split evenly
+    into one stage per rank, trained with the 1F1B schedule over 4 microbatches, whose
+    activations and gradients travel by batch_isend_irecv while the stages compute. Rank 0
+    feeds the batch (a different one per world size), the last rank computes the loss. Every
+    rank's layers come back (all_gather_object), keyed by their index in the whole model. No
+    sum crosses ranks, so any two libraries must agree bit for bit at any world size."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)]
+    per = len(layers) // world
+    first = rank * per
+    mine = nn.Sequential(*layers[first : first + per])
+    stage = PipelineStage(mine, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=nn.functional.mse_loss)
+    opt = torch.optim.SGD(mine.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(world, step)
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        opt.step()
+    state = {}
+    for k, v in mine.state_dict().items():
+        index, name = k.split(".", 1)
+        state[f"layer{first + int(index)}.{name}"] = v.detach().clone()
+    every = [None] * world
+    dist.all_gather_object(every, state)
+    return {k: v for part in every for k, v in part.items()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("backend")
@@ -109,6 +145,7 @@ def main():
                 results[name] = train_ddp(model_cls, hook, rank, exact)
     if a.fsdp:
         results["fsdp2"] = train_fsdp(rank)
+    results["pipeline/1f1b/exact"] = train_pipeline(rank, dist.get_world_size())
     if rank == 0:
         torch.save(results, a.out)
     dist.barrier()

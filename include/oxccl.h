@@ -352,6 +352,25 @@ oxcclResult_t oxcclCommInitRankConfig(oxcclComm_t *comm,
                                       int rank,
                                       struct oxcclConfig_t *config);
 
+// Extension: `oxcclCommInitRankConfig` with `options`, settings of this communicator that take
+// the place of the `OXCCL_*` environment variables of the same names (`"OXCCL_TIMEOUT=30;
+// OXCCL_TRANSPORTS=shm,tcp"`: `NAME=VALUE` separated by `;`; NULL or empty: none), so that
+// communicators of one process may differ without anybody changing the process's
+// environment (which other threads may be reading). A name that is not such a setting, a
+// name given twice or a value the variable would refuse is `oxcclInvalidArgument`. The
+// settings are read during the call (inside a group too); `config` may be NULL.
+//
+// # Safety
+//
+// `comm` is NULL (an error) or valid for writing one `oxcclComm_t`; `config` is NULL or
+// readable for its `size` bytes; `options` is NULL or a NUL-terminated string.
+oxcclResult_t oxcclCommInitRankOptions(oxcclComm_t *comm,
+                                       int nranks,
+                                       struct oxcclUniqueId commId,
+                                       int rank,
+                                       struct oxcclConfig_t *config,
+                                       const char *options);
+
 // `oxcclCommInitRankConfig` with several ids (nccl.h's `ncclCommInitRankScalable`, which
 // spreads the bootstrap over several roots). oxccl's ranks meet at one store, so the first id
 // is used; the others are checked and must be the same on every rank. `nId` is 1 to nranks.

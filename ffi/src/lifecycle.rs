@@ -183,7 +183,23 @@ unsafe fn create_rank(
     id: UniqueId,
     blocking: bool,
 ) -> Outcome {
-    let config = Config::from_env()?;
+    // SAFETY: the caller's contract.
+    unsafe { create_rank_with(comm, n, r, id, blocking, Config::from_env()?) }
+}
+
+/// `create_rank` with a configuration already read.
+///
+/// # Safety
+///
+/// As for `create_rank`.
+unsafe fn create_rank_with(
+    comm: *mut oxcclComm_t,
+    n: usize,
+    r: usize,
+    id: UniqueId,
+    blocking: bool,
+    config: Config,
+) -> Outcome {
     let make = Box::new(move || Ok(Some(Communicator::init_rank(&id, n, r, config)?)));
     // SAFETY: the caller's contract.
     unsafe {
@@ -247,6 +263,105 @@ pub unsafe extern "C" fn oxcclCommInitRankConfig(
         // SAFETY: `comm` was checked above; the caller guarantees it is writable.
         unsafe { create_rank(comm, n, r, id, blocking) }
     })
+}
+
+/// Longest `options` string `oxcclCommInitRankOptions` reads.
+const MAX_OPTIONS: usize = 64 << 10;
+
+/// The configuration of a communicator: the `OXCCL_*` environment variables, with `options`
+/// (`NAME=VALUE` settings separated by `;`) in place of the variables they name.
+fn config_with(options: &str) -> Result<Config, Failure> {
+    let mut set: Vec<(&str, &str)> = Vec::new();
+    for item in options.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((name, value)) = item.split_once('=') else {
+            return Err(Failure::invalid(format!(
+                "options: {item:?} is not NAME=VALUE (settings are separated by ';')"
+            )));
+        };
+        let name = name.trim();
+        if set.iter().any(|(n, _)| *n == name) {
+            return Err(Failure::invalid(format!("options: {name} is set twice")));
+        }
+        set.push((name, value.trim()));
+    }
+    let read = std::cell::RefCell::new(Vec::new());
+    let config = Config::from_vars(|var| {
+        read.borrow_mut().push(var.to_owned());
+        match set.iter().find(|(n, _)| *n == var) {
+            Some((_, v)) => Some((*v).to_owned()),
+            None => std::env::var(var).ok(),
+        }
+    })?;
+    let read = read.into_inner();
+    if let Some((name, _)) = set.iter().find(|(n, _)| !read.iter().any(|r| r == n)) {
+        return Err(Failure::invalid(format!(
+            "options: {name} is not a setting of a communicator (those are {})",
+            read.join(", ")
+        )));
+    }
+    Ok(config)
+}
+
+/// Extension: `oxcclCommInitRankConfig` with `options`, settings of this communicator that take
+/// the place of the `OXCCL_*` environment variables of the same names (`"OXCCL_TIMEOUT=30;
+/// OXCCL_TRANSPORTS=shm,tcp"`: `NAME=VALUE` separated by `;`; NULL or empty: none), so that
+/// communicators of one process may differ without anybody changing the process's
+/// environment (which other threads may be reading). A name that is not such a setting, a
+/// name given twice or a value the variable would refuse is `oxcclInvalidArgument`. The
+/// settings are read during the call (inside a group too); `config` may be NULL.
+///
+/// # Safety
+///
+/// `comm` is NULL (an error) or valid for writing one `oxcclComm_t`; `config` is NULL or
+/// readable for its `size` bytes; `options` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommInitRankOptions(
+    comm: *mut oxcclComm_t,
+    nranks: c_int,
+    commId: oxcclUniqueId,
+    rank: c_int,
+    config: *mut oxcclConfig_t,
+    options: *const c_char,
+) -> oxcclResult_t {
+    guard("oxcclCommInitRankOptions", || {
+        non_null(comm, "comm")?;
+        let (n, r) = size_and_rank(nranks, rank)?;
+        let id = unique_id(&commId, "commId")?;
+        // SAFETY: the caller's contract for `config`.
+        let blocking = unsafe { blocking(config) }?;
+        let config = if options.is_null() {
+            Config::from_env()?
+        } else {
+            // SAFETY: the caller guarantees a NUL-terminated string; read at most MAX_OPTIONS
+            // bytes before its NUL.
+            let bytes = unsafe { bounded_c_str(options, MAX_OPTIONS) }.ok_or_else(|| {
+                Failure::invalid(format!("options: longer than {MAX_OPTIONS} bytes"))
+            })?;
+            let text =
+                std::str::from_utf8(bytes).map_err(|_| Failure::invalid("options: not UTF-8"))?;
+            config_with(text)?
+        };
+        // SAFETY: `comm` was checked above; the caller guarantees it is writable.
+        unsafe { create_rank_with(comm, n, r, id, blocking, config) }
+    })
+}
+
+/// The bytes of the NUL-terminated string at `p` (not NULL) if its NUL comes within `max`
+/// bytes.
+///
+/// # Safety
+///
+/// `p` points to a NUL-terminated string.
+unsafe fn bounded_c_str<'a>(p: *const c_char, max: usize) -> Option<&'a [u8]> {
+    for len in 0..=max {
+        // SAFETY: bytes before the NUL are readable (the caller's contract), and the loop
+        // stops at the first NUL.
+        if unsafe { p.add(len).read() } == 0 {
+            // SAFETY: `len` readable bytes, checked one by one above.
+            return Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) });
+        }
+    }
+    None
 }
 
 /// Most ids `oxcclCommInitRankScalable` reads.

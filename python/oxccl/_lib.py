@@ -10,7 +10,6 @@ rank waits for its peers.
 import ctypes
 import glob
 import os
-import threading
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_void_p
 
 # Result codes (nccl.h's values).
@@ -49,9 +48,10 @@ class OxcclError(RuntimeError):
     """An oxccl call failed. ``code`` is the result code (``TIMEOUT``, ``REMOTE_ERROR``,
     ...); the message names the rank, the operation and, where one is to blame, the peer."""
 
-    def __init__(self, code, message):
+    def __init__(self, code, message, detail=None):
         super().__init__(message)
         self.code = code
+        self.detail = detail or message  # what oxccl said, without the call's name
 
 
 def _find_library():
@@ -98,6 +98,7 @@ _signatures = {
     "oxcclRecvStart": [c_void_p, c_size_t, c_int, c_int, c_int, c_void_p, POINTER(c_void_p)],
     "oxcclRequestWait": [POINTER(c_void_p)],
     "oxcclRequestTest": [POINTER(c_void_p), POINTER(c_int)],
+    "oxcclCommInitRankOptions": [_comm_p, c_int, UniqueId, c_int, c_void_p, c_char_p],
     "oxcclGroupStart": [],
     "oxcclGroupEnd": [],
     "oxcclRedOpCreatePreMulSum": [POINTER(c_int), c_void_p, c_int, c_int, c_void_p],
@@ -125,7 +126,7 @@ def last_error(comm=None):
 def fail(code, what, comm=None):
     """Raises OxcclError for a failed call's result ``code``."""
     detail = last_error(comm) or last_error(None) or error_string(code)
-    raise OxcclError(code, f"oxccl {what}: {detail} ({error_string(code)})")
+    raise OxcclError(code, f"oxccl {what}: {detail} ({error_string(code)})", detail)
 
 
 def check(code, what, comm=None):
@@ -146,41 +147,18 @@ def unique_id():
     return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
 
 
-# OXCCL_TIMEOUT is read when a communicator's creation is called; creations that want their own
-# timeout set it under this lock (the C ABI's config has NCCL's fields only). The creation itself
-# runs outside the lock (it is deferred to the end of a group), so creations that wait for
-# different peers never wait for each other.
-_env_lock = threading.Lock()
-
-
 def init_rank(nranks, uid_bytes, rank, timeout_s=None):
     """A communicator of ``nranks`` for ``rank``, meeting at the UniqueId ``uid_bytes``;
-    ``timeout_s`` (seconds) becomes its deadline for creation and every operation."""
+    ``timeout_s`` (seconds) becomes its deadline for creation and every operation (a setting
+    of this communicator: the process's environment is left alone, since other threads may
+    be creating communicators)."""
     if len(uid_bytes) != UNIQUE_ID_BYTES:
         raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
     uid = UniqueId.from_buffer_copy(uid_bytes)
     comm = c_void_p()
-    what = f"CommInitRank (rank {rank} of {nranks})"
-    # Inside a group oxcclCommInitRank reads its configuration (the environment) at once and
-    # creates the communicator at oxcclGroupEnd, which is called without the lock.
-    check(lib.oxcclGroupStart(), "GroupStart")
-    try:
-        with _env_lock:
-            saved = os.environ.get("OXCCL_TIMEOUT")
-            if timeout_s is not None:
-                os.environ["OXCCL_TIMEOUT"] = repr(float(timeout_s))
-            try:
-                code = lib.oxcclCommInitRank(ctypes.byref(comm), nranks, uid, rank)
-            finally:
-                if timeout_s is not None:
-                    if saved is None:
-                        del os.environ["OXCCL_TIMEOUT"]
-                    else:
-                        os.environ["OXCCL_TIMEOUT"] = saved
-    finally:
-        end = lib.oxcclGroupEnd()
-    check(code, what)
-    check(end, what)
+    options = None if timeout_s is None else f"OXCCL_TIMEOUT={float(timeout_s)!r}".encode()
+    code = lib.oxcclCommInitRankOptions(ctypes.byref(comm), nranks, uid, rank, None, options)
+    check(code, f"CommInitRank (rank {rank} of {nranks})")
     return comm.value
 
 

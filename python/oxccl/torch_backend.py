@@ -70,6 +70,7 @@ import queue
 import re
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -207,7 +208,7 @@ class _P2PWork(dist._Work):
         # runs; the event (made only for such a wait) is set when they have all started.
         self._waiting = 1
         self._ready = None
-        self._start_error = None
+        self._start_error = None  # the first failure: starting, or of a request
         self._lock = threading.Lock()
         self._ended = False
         self._error = None
@@ -216,16 +217,21 @@ class _P2PWork(dist._Work):
         self._settled = False
 
     def start(self):
-        for i, message in enumerate(self._messages):
-            pair = self._backend._pair(message[1])
-            if pair.pending is None:  # made, and every message posted before started
-                self.start_one(i, pair)
+        try:
+            for i, message in enumerate(self._messages):
+                pair = self._backend._pair(message[1])
+                if pair.pending is None:  # made, and every message posted before started
+                    self.start_one(i, pair)
+                else:
+                    pair.post(self, i)
+        except BaseException as e:  # noqa: BLE001 - the group was closed: wait() raises it
+            if self._start_error is None:
+                self._start_error = e
+        finally:
+            if self._ready is None:
+                self._waiting = 0
             else:
-                pair.post(self, i)
-        if self._ready is None:
-            self._waiting = 0
-        else:
-            self.started_one()
+                self.started_one()
 
     def wait_for_pair(self):
         """Message posted to wait for its pair's communicator (under the pair's lock)."""
@@ -283,34 +289,41 @@ class _P2PWork(dist._Work):
         if self._waiting:
             if not block:
                 return False
-            # Bounded: a point-to-point communicator is made (or fails) within the store's
-            # and the group's timeouts, and every message then starts or fails at once.
+            # Bounded: a pair's communicator is made (or fails) within twice the group's
+            # timeout (the wait for its id, then the creation), and its messages then start
+            # or fail at once; closing the group fails them at once.
             self._ready.wait()
-        try:
-            if self._start_error is not None:
-                raise self._start_error
-            for started in self._requests:
-                if started is None or started[1].value is None:
+        # Every request is ended (waited for, or found done when not blocking) before the
+        # work ends, also after a failure: until then a request may still use its buffer.
+        busy = False
+        for started in self._requests:
+            if started is None or started[1].value is None:
+                continue
+            pair, request = started
+            if block:
+                code = lib.oxcclRequestWait(ctypes.byref(request))
+            else:
+                done = ctypes.c_int(0)
+                code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
+                if code == _lib.SUCCESS and not done.value:
+                    busy = True
                     continue
-                pair, request = started
-                if block:
-                    code = lib.oxcclRequestWait(ctypes.byref(request))
-                else:
-                    done = ctypes.c_int(0)
-                    code = lib.oxcclRequestTest(ctypes.byref(request), ctypes.byref(done))
-                    if code == _lib.SUCCESS and not done.value:
-                        return False
-                if code != _lib.SUCCESS:
-                    raise pair.failure(code, self._what)
-            for *_, finish in self._messages:
-                if finish is not None:
-                    finish()
-        except BaseException as e:  # noqa: BLE001 - kept for every later call
-            self._error = e
-            # The buffers stay until no request uses them: end the others, whatever they say.
-            for started in self._requests:
-                if started is not None and started[1].value is not None:
-                    lib.oxcclRequestWait(ctypes.byref(started[1]))
+            if code != _lib.SUCCESS:
+                if self._start_error is None:
+                    self._start_error = pair.failure(code, self._what)
+                if request.value is not None:  # a failure ends it; never leave one running
+                    lib.oxcclRequestWait(ctypes.byref(request))
+        if busy:
+            return False
+        error = self._start_error
+        if error is None:
+            try:
+                for *_, finish in self._messages:
+                    if finish is not None:
+                        finish()
+            except BaseException as e:  # noqa: BLE001 - kept for every later call
+                error = e
+        self._error = error
         self._ended = True
         self._messages = None
         return True
@@ -391,34 +404,67 @@ class _Pair:
         self.pending = [] if comm is None else None  # (work, message) until it is made
 
     def make(self):
+        """Makes the pair's communicator (on its own thread), then starts the messages that
+        waited for it, in order. Everything here ends by the group's timeout."""
         me = self.backend.rank()
         low, high = self.ranks
         comm, error = None, None
         try:
-            key = f"{_PAIR_KEY}/{low}/{high}"
-            if me == low:
-                uid = _lib.unique_id()
-                self.backend._store.set(key, uid)
-            else:
-                uid = bytes(self.backend._store.get(key))
+            uid = self._unique_id(me == low)
             comm = _lib.init_rank(2, uid, 0 if me == low else 1, self.backend._timeout_s)
+        except _lib.OxcclError as e:
+            error = self._make_failed(self._names(e.detail))
         except BaseException as e:  # noqa: BLE001 - every message to this peer gets it
-            error = dist.DistBackendError(
-                f"oxccl point-to-point with {self.group_peer} on {self.backend._where}: "
-                f"making the communicator of ranks {low} and {high} failed: {self._names(e)}"
-            )
+            error = self._make_failed(e)
         with self.lock:
-            if self.backend._closed is not None:
-                error = error or self.backend._closed_error("point-to-point")
+            if self.pending is None:  # closed while it was being made
                 if comm is not None:
                     lib.oxcclCommDestroy(comm)
-                comm = None
+                return
             self.comm, self.error = comm, error
-            for work, i in self.pending:
-                work.start_one(i, self)
-                work.started_one()
-            # Only now: a message that finds no pending list starts at once, after these.
-            self.pending = None
+            self._drain()
+
+    def _unique_id(self, lower):
+        """The pair's UniqueId: the lower rank makes it and puts it in the group's store, the
+        higher one polls the store for it. Not a blocking ``get``: torch's TCPStore client
+        holds its lock through one, which would stall every other store call of this process
+        (other pairs, monitored_barrier, new groups) until the peer's first message."""
+        key = f"{_PAIR_KEY}/{self.ranks[0]}/{self.ranks[1]}"
+        store = self.backend._store
+        if lower:
+            uid = _lib.unique_id()
+            store.set(key, uid)
+            return uid
+        deadline = time.monotonic() + self.backend._timeout_s
+        pause = 0.0002
+        while not store.check([key]):
+            if self.pending is None:
+                raise self.backend._closed_error("point-to-point")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"rank {self.ranks[0]} did not start a message to rank {self.ranks[1]} "
+                    f"within {self.backend._timeout_s:g} s"
+                )
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.02)
+        return bytes(store.get(key))
+
+    def _make_failed(self, why):
+        low, high = self.ranks
+        return dist.DistBackendError(
+            f"oxccl point-to-point with {self.group_peer} on {self.backend._where}: making "
+            f"the communicator of ranks {low} and {high} failed: {why}"
+        )
+
+    def _drain(self):
+        """Starts (or fails, with ``error``) the messages that waited; then new ones start
+        at once. The caller holds the lock."""
+        for work, i in self.pending:
+            work.start_one(i, self)
+            work.started_one()
+        # Only now: a message that finds no pending list starts at once, after these.
+        self.pending = None
 
     def post(self, work, i):
         with self.lock:
@@ -450,6 +496,8 @@ class _Pair:
         with self.lock:
             comm, self.comm = self.comm, None
             self.error = self.error or self.backend._closed_error("point-to-point")
+            if self.pending is not None:
+                self._drain()  # they fail now; one being made is destroyed when made
         if comm is not None and self.own:
             how(comm)
 

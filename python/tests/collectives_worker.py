@@ -1118,6 +1118,50 @@ def p2p_around_collectives(ctx):
             compare(ctx, f"{what} of {elems * 4} B", run, torch.float32, asyncs=(False,))
 
 
+@case(worlds=(3, 4))
+def p2p_pairs_on_first_use(ctx):
+    # A pair's communicator is made when the first message between its two ranks starts, in
+    # whatever order the ranks reach their pairs; on fresh groups of each backend, so that
+    # every pair is new: a monitored_barrier while rank 1's receive waits for the pair whose
+    # other rank sends only after the barrier, and a ring where each rank's first message
+    # goes to a different pair (rank 0 receives from 2 before it sends to 1; rank 1 starts a
+    # receive from 0, then a send to 2; rank 2 receives from 1, then sends to 0).
+    # (torch 2.11 has monitored_barrier on Gloo only: there the ring alone.)
+    r = ctx.rank
+    timeout = datetime.timedelta(seconds=60)
+    for backend in ("gloo", "oxccl"):
+        if not LEGACY:
+            g = dist.new_group(backend=backend, timeout=timeout)
+            y = torch.zeros(4)
+            if r == 1:
+                w = dist.irecv(y, group_src=0, group=g)
+                dist.monitored_barrier(group=g, timeout=timeout)
+                w.wait()
+            else:
+                dist.monitored_barrier(group=g, timeout=timeout)
+                if r == 0:
+                    dist.send(torch.full((4,), 7.0), group_dst=1, group=g)
+            want = torch.full((4,), 7.0 if r == 1 else 0.0)
+            ctx.same(y, want, f"{backend}: receive across a barrier")
+            dist.destroy_process_group(g)
+        g = dist.new_group(backend=backend, timeout=timeout)
+        x = torch.zeros(4)
+        if r == 0:
+            dist.recv(x, group_src=2, group=g)
+            dist.send(x + 1, group_dst=1, group=g)
+        elif r == 1:
+            a = dist.irecv(x, group_src=0, group=g)
+            b = dist.isend(torch.ones(4), group_dst=2, group=g)
+            b.wait()
+            a.wait()
+        elif r == 2:
+            dist.recv(x, group_src=1, group=g)
+            dist.send(x + 1, group_dst=0, group=g)
+        want = {0: 2.0, 1: 3.0, 2: 1.0}.get(r, 0.0)
+        ctx.same(x, torch.full((4,), want), f"{backend}: ring of pairs made on first use")
+        dist.destroy_process_group(g)
+
+
 @case(worlds=(2, 3, 4))
 def p2p_mismatch(ctx):
     # A receive that does not match the peer's send (8 elements against 16) fails at the
@@ -1150,6 +1194,42 @@ def p2p_mismatch(ctx):
     n = ctx.world
     ctx.same(t, torch.full((4,), n * (n - 1) / 2), "all_reduce after a point-to-point mismatch")
     dist.destroy_process_group(g)
+    # A batch that failed on one pair does not hold up this rank's next message on another:
+    # rank 0's batch receives from 1 (a mismatch) and from 2, which sends only after it has
+    # received rank 0's next isend; that isend starts at once (it once waited for the batch's
+    # other receive, until the timeout).
+    if ctx.world >= 3:
+        g = dist.new_group(backend="oxccl", timeout=datetime.timedelta(seconds=30))
+        if r == 0:
+            a, b = torch.zeros(8), torch.zeros(4)
+            ops = [
+                dist.P2POp(dist.irecv, a, group=g, group_peer=1),
+                dist.P2POp(dist.irecv, b, group=g, group_peer=2),
+            ]
+            works = dist.batch_isend_irecv(ops)
+            time.sleep(1)  # the mismatch's failure arrives meanwhile
+            start = time.monotonic()
+            w = dist.isend(torch.full((4,), 3.0), group_dst=2, group=g)
+            took = time.monotonic() - start
+            ctx.check(took < 5, "isend after a failed batch", f"isend took {took:.1f} s")
+            w.wait()
+            ctx.expect_error(
+                "a batch with a mismatched receive",
+                lambda: [x.wait() for x in works],
+                "does not match",
+                types=(dist.DistBackendError,),
+            )
+            ctx.same(b, torch.full((4,), 3.0), "the batch's other receive")
+        elif r == 1:
+            try:
+                dist.send(torch.ones(16), group_dst=0, group=g)
+            except dist.DistBackendError:
+                pass
+        elif r == 2:
+            y = torch.zeros(4)
+            dist.recv(y, group_src=0, group=g)
+            dist.send(y, group_dst=0, group=g)
+        dist.destroy_process_group(g)
     # The same with equal lengths and other tags (Gloo would match the tags out of order;
     # oxccl pairs in order and refuses the tag, writing nothing), after a pair whose tags agree.
     g = dist.new_group(backend="oxccl", timeout=datetime.timedelta(seconds=30))

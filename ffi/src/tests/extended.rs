@@ -843,3 +843,73 @@ fn survivors_shrink_a_failed_communicator_and_go_on() {
             .collect(),
     );
 }
+
+#[test]
+fn options_set_a_communicators_settings_in_place_of_the_environment() {
+    let id = unique_id();
+    let mut comm = null_mut();
+    let create = |comm: &mut oxcclComm_t, n: c_int, options: &std::ffi::CStr| {
+        // SAFETY: `comm` is writable, the id is valid, `options` is NUL-terminated.
+        unsafe { oxcclCommInitRankOptions(comm, n, id, 0, null_mut(), options.as_ptr()) }
+    };
+    for (options, why) in [
+        (c"OXCCL_TIMEOUT", "not NAME=VALUE"),
+        (
+            c"OXCCL_TIMEOUT=1;OXCCL_TIMEOUT=2",
+            "OXCCL_TIMEOUT is set twice",
+        ),
+        (c"OXCCL_TIMEOUT=soon", "OXCCL_TIMEOUT"),
+        (c"OXCCL_TRANSPORTS=pigeon", "pigeon"),
+        (
+            c"OXCCL_NO_SUCH=1",
+            "OXCCL_NO_SUCH is not a setting of a communicator",
+        ),
+        (c"PATH=/", "PATH is not a setting"),
+    ] {
+        fails(create(&mut comm, 1, options), oxcclInvalidArgument, why);
+    }
+    // Not NUL-terminated within 64 KiB.
+    let mut long_z = vec![b'x' as std::ffi::c_char; (64 << 10) + 8];
+    long_z.push(0);
+    fails(
+        // SAFETY: `long_z` is NUL-terminated (past the bound the call reads).
+        unsafe { oxcclCommInitRankOptions(&mut comm, 1, id, 0, null_mut(), long_z.as_ptr()) },
+        oxcclInvalidArgument,
+        "longer than",
+    );
+    // Settings that work: a one-rank communicator, empty items and spaces allowed, NULL too.
+    ok(create(
+        &mut comm,
+        1,
+        c" OXCCL_TIMEOUT = 5 ;; OXCCL_TRANSPORTS=shm,tcp ;",
+    ));
+    ok(oxcclCommDestroy(comm));
+    // SAFETY: as above, NULL options.
+    ok(unsafe { oxcclCommInitRankOptions(&mut comm, 1, id, 0, null_mut(), null()) });
+    ok(oxcclCommDestroy(comm));
+    // The timeout is this communicator's: a 2-rank creation whose other rank never comes fails
+    // after the option's 0.3 s, not the environment's (default 300 s), and says it timed out.
+    let id = unique_id();
+    let start = Instant::now();
+    // SAFETY: as above.
+    let code = unsafe {
+        oxcclCommInitRankOptions(
+            &mut comm,
+            2,
+            id,
+            0,
+            null_mut(),
+            c"OXCCL_TIMEOUT=0.3".as_ptr(),
+        )
+    };
+    let took = start.elapsed();
+    assert_ne!(
+        code, oxcclSuccess,
+        "a creation with a missing rank succeeded"
+    );
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(20),
+        "the creation gave up after {took:?}: {}",
+        last()
+    );
+}

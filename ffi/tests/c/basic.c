@@ -228,7 +228,7 @@ static void errors(oxcclComm_t comm, int n) {
 }
 
 int main(void) {
-  oxcclComm_t comm, byid, nonblocking, child, pair[2], solo;
+  oxcclComm_t comm, optioned, byid, nonblocking, child, pair[2], solo;
   oxcclUniqueId id, ids[2];
   oxcclConfig_t config = OXCCL_CONFIG_INITIALIZER;
   oxcclResult_t state;
@@ -251,6 +251,17 @@ int main(void) {
   CHECK(oxcclBroadcast(&id, &id, sizeof id, oxcclUint8, 0, comm, NULL));
   CHECK(oxcclCommInitRank(&byid, nranks, id, rank));
   collectives(byid, rank, nranks);
+
+  /* settings of one communicator in place of the environment's */
+  if (rank == 0) CHECK(oxcclGetUniqueId(&id));
+  CHECK(oxcclBroadcast(&id, &id, sizeof id, oxcclUint8, 0, comm, NULL));
+  FAILS(oxcclCommInitRankOptions(&optioned, nranks, id, rank, NULL, "OXCCL_TIMEOUT"),
+        oxcclInvalidArgument, "NAME=VALUE");
+  FAILS(oxcclCommInitRankOptions(&optioned, nranks, id, rank, NULL, "HOME=/"), oxcclInvalidArgument,
+        "not a setting");
+  CHECK(oxcclCommInitRankOptions(&optioned, nranks, id, rank, NULL, "OXCCL_TIMEOUT=30"));
+  collectives(optioned, rank, nranks);
+  CHECK(oxcclCommDestroy(optioned));
 
   /* non-blocking: creation and operations return oxcclInProgress */
   if (rank == 0) CHECK(oxcclGetUniqueId(&id));

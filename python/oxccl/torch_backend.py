@@ -27,7 +27,8 @@ run on a GPU).
   calls (``async_op=True``, and DDP's gradient buckets) run in order on one worker thread per
   group, so backward computation overlaps communication; ``Work.wait()``, ``is_completed()``
   and ``get_future()`` behave as torch documents (the future's value is the output tensors,
-  in one flat list, as Gloo's). An async call that fails raises its DistBackendError from
+  in one flat list, as Gloo's; ``wait(timeout)`` raises once the timeout passes with the
+  operation unfinished, which goes on, as Gloo's does). An async call that fails raises its DistBackendError from
   ``Work.wait()`` and fails the future (so DDP's callbacks see it).
 - Arguments are checked when a call is made, on every rank, before anything is sent: an
   unsupported dtype or operator, a root or peer outside the group, tensors of mismatched
@@ -164,12 +165,16 @@ class _Work(dist._Work):
     it that carries a failure as a real error (its ``wait()`` raises a RuntimeError quoting
     the DistBackendError)."""
 
-    def __init__(self, fut):
+    def __init__(self, fut, what="operation"):
         super().__init__()
         self._fut = fut
         self._chained = None
+        self._what = what
 
     def wait(self, timeout=None):
+        seconds = _wait_seconds(timeout)
+        if seconds is not None:
+            _wait_until(self._fut.done, seconds, self._what, timeout)
         self._fut.wait()
         return True
 
@@ -180,6 +185,31 @@ class _Work(dist._Work):
 
     def is_completed(self):
         return self._fut.done()
+
+
+def _wait_seconds(timeout):
+    """``Work.wait``'s timeout in seconds, or None for none (torch passes ``timedelta(0)``,
+    its kNoTimeout, when the caller gave none)."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+def _wait_until(done, seconds, what, timeout):
+    """Polls ``done()`` for up to ``seconds``; raises DistBackendError if it stays False (the
+    operation goes on: a later ``wait()`` may still complete it), as Gloo's Work does."""
+    deadline = time.monotonic() + seconds
+    pause = 0.0001
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise dist.DistBackendError(
+                f"oxccl {what}: not completed within {timeout} (Work.wait's timeout; the "
+                "operation goes on, and a later wait() may still complete it)"
+            )
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.01)
 
 
 def _unwrap(fut):
@@ -342,6 +372,9 @@ class _P2PWork(dist._Work):
             base.set_result(self._result)
 
     def wait(self, timeout=None):
+        seconds = _wait_seconds(timeout)
+        if seconds is not None:
+            _wait_until(self.test, seconds, f"{self._what} on {self._backend._where}", timeout)
         with self._lock:
             self._end(True)
         self._settle_future()
@@ -895,7 +928,7 @@ class OxcclBackend(*_BASES):
         self._submit(steps, result, fut)
         if not async_op:
             fut.wait()
-        return _Work(fut)
+        return _Work(fut, f"{' + '.join(sorted({s.what for s in steps}))} on {self._where}")
 
     def _execute(self, steps):
         comm = self._live(steps[0].what)

@@ -1118,6 +1118,44 @@ def p2p_around_collectives(ctx):
             compare(ctx, f"{what} of {elems * 4} B", run, torch.float32, asyncs=(False,))
 
 
+@case(worlds=(2, 3, 4))
+def work_wait_timeout(ctx):
+    # Work.wait(timeout): raises once the timeout passes with the operation unfinished (rank 1
+    # joins 0.8 s late), as Gloo's does; the operation goes on, and a later wait() completes
+    # it with the right result. On a finished work it returns True at once.
+    r, n = ctx.rank, ctx.world
+    short = datetime.timedelta(seconds=0.1)
+    for kind in ("all_reduce", "irecv"):
+        x = torch.full((4,), float(r + 1))
+        dist.barrier(group=ctx.gloo)
+        if r == 1:
+            time.sleep(0.8)
+        if kind == "all_reduce":
+            w = dist.all_reduce(x, group=ctx.ox, async_op=True)
+            want = torch.full((4,), n * (n + 1) / 2)
+        elif r == 0:
+            w = dist.irecv(x, group_src=1, group=ctx.ox)
+            want = torch.full((4,), 2.0)
+        elif r == 1:
+            w = dist.isend(x, group_dst=0, group=ctx.ox)
+            want = torch.full((4,), 2.0)
+        else:
+            continue
+        if r == 0:
+            ctx.expect_error(
+                f"{kind}: wait(timeout) before the peer came",
+                lambda w=w: w.wait(timeout=short),
+                "not completed within",
+                types=(dist.DistBackendError,),
+            )
+        ctx.check(w.wait() is True, f"{kind}: wait() after a timed-out wait()", "not True")
+        ctx.same(x, want, f"{kind}: result after a timed-out wait()")
+        start = time.monotonic()
+        ctx.check(w.wait(timeout=short) is True, f"{kind}: wait(timeout) when done", "not True")
+        took = time.monotonic() - start
+        ctx.check(took < 0.1, f"{kind}: wait(timeout) when done", f"took {took:.3f} s")
+
+
 @case(worlds=(3, 4))
 def p2p_pairs_on_first_use(ctx):
     # A pair's communicator is made when the first message between its two ranks starts, in

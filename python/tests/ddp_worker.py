@@ -1,4 +1,4 @@
-"""One rank of a small DDP (and FSDP2, and pipeline-parallel) training run, launched by torchrun. It does not import
+"""One rank of a small DDP (and FSDP2, pipeline- and tensor-parallel) training run, launched by torchrun. It does not import
 oxccl: ``init_process_group(BACKEND)`` finds the backend through the installed package's
 entry point. Rank 0 saves the final parameters and buffers of every variant to OUT (a
 torch.save'd dict) for test_ddp.py to compare across backends.
@@ -129,6 +129,31 @@ def train_pipeline(rank, world):
     return {k: v for part in every for k, v in part.items()}
 
 
+def train_tensor_parallel(rank, world):
+    """Tensor parallelism (DTensor's parallelize_module on a CPU DeviceMesh): an MLP whose
+    first layer is split by columns and second by rows (Megatron's split: one all-reduce of
+    the partial outputs forward, its mirror backward), 20 SGD steps on the same batches on
+    every rank; the full parameters come back."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        x, y = batch(world, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("backend")
@@ -146,6 +171,7 @@ def main():
     if a.fsdp:
         results["fsdp2"] = train_fsdp(rank)
     results["pipeline/1f1b/exact"] = train_pipeline(rank, dist.get_world_size())
+    results["tensor-parallel"] = train_tensor_parallel(rank, dist.get_world_size())
     if rank == 0:
         torch.save(results, a.out)
     dist.barrier()

@@ -3,7 +3,8 @@
 ddp_worker.py trains each variant for 20 steps (an MLP with a buffer, a model with unused
 parameters, each with and without the fp16 compression comm hook; FSDP2's fully_shard on an
 MLP; a pipeline of one stage per rank under torch.distributed.pipelining's 1F1B schedule, whose
-traffic is all sends and receives) and rank 0 saves the final state. The worker never imports oxccl: the installed
+traffic is all sends and receives; DTensor tensor parallelism, an MLP split by columns then
+rows) and rank 0 saves the final state. The worker never imports oxccl: the installed
 package's entry point provides the backend, as for a user.
 
 With 2 ranks every sum has two terms, so the order of reduction cannot matter and the final
@@ -77,7 +78,7 @@ def diffs(a, b):
 
 def test_two_ranks_bit_identical_to_gloo(runs):
     gloo, ox = runs["gloo", 2], runs["oxccl", 2]
-    assert len(gloo) == 10  # 8 DDP variants, FSDP2 and the pipeline
+    assert len(gloo) == 11  # 8 DDP variants, FSDP2, the pipeline and tensor parallelism
     for variant in gloo:
         for k in gloo[variant]:
             assert torch.equal(gloo[variant][k], ox[variant][k]), (

@@ -464,7 +464,9 @@ oxcclResult_t oxcclCommAbort(oxcclComm_t comm);
 // Stores in `*asyncError` the state of `comm` (nccl.h's `ncclCommGetAsyncError`):
 // `oxcclInProgress` while its creation or a non-blocking operation runs, the failure that
 // broke it if one did (a peer's failure, a timeout: the communicator is then unusable, and
-// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise.
+// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise. A peer
+// seen failing while no call runs (its heartbeats went silent, a notice named it) is such
+// a failure too: `oxcclRemoteError`, and `oxcclGetLastError(comm)` names the peer.
 //
 // # Safety
 //

@@ -125,7 +125,7 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> Outcome) -> oxcclResult_t
 /// as in NCCL. Other calls inside a group — queries, registration, `oxcclCommDestroy` — report
 /// their own failure and leave the group's work alone.
 fn joins_group(name: &str) -> bool {
-    const KEPT: [&str; 19] = [
+    const KEPT: [&str; 20] = [
         "oxcclAllReduce",
         "oxcclBroadcast",
         "oxcclBcast",
@@ -140,6 +140,7 @@ fn joins_group(name: &str) -> bool {
         "oxcclBarrier",
         "oxcclCommInitRank",
         "oxcclCommInitRankConfig",
+        "oxcclCommInitRankOptions",
         "oxcclCommInitRankScalable",
         "oxcclCommInitAll",
         "oxcclCommInitFromEnv",

@@ -7,7 +7,9 @@ use oxccl_core::bootstrap::UniqueId;
 use oxccl_core::{Communicator, Config};
 
 use crate::abi::*;
-use crate::boundary::{Failure, Outcome, error_string, guard, last_error, non_null};
+use crate::boundary::{
+    Failure, Outcome, error_string, guard, last_error, non_null, set_last_error,
+};
 use crate::dispatch::{Creation, create};
 use crate::entry::Entry;
 use crate::handles;
@@ -673,7 +675,9 @@ pub extern "C" fn oxcclCommAbort(comm: oxcclComm_t) -> oxcclResult_t {
 /// Stores in `*asyncError` the state of `comm` (nccl.h's `ncclCommGetAsyncError`):
 /// `oxcclInProgress` while its creation or a non-blocking operation runs, the failure that
 /// broke it if one did (a peer's failure, a timeout: the communicator is then unusable, and
-/// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise.
+/// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise. A peer
+/// seen failing while no call runs (its heartbeats went silent, a notice named it) is such
+/// a failure too: `oxcclRemoteError`, and `oxcclGetLastError(comm)` names the peer.
 ///
 /// # Safety
 ///
@@ -687,6 +691,13 @@ pub unsafe extern "C" fn oxcclCommGetAsyncError(
         let entry = handles::get(comm, "comm")?;
         non_null(asyncError, "asyncError")?;
         let state = entry.poll();
+        if state != oxcclSuccess
+            && state != oxcclInProgress
+            && let Some(f) = entry.failure()
+        {
+            // What broke it, for oxcclGetLastError (the call itself succeeded).
+            set_last_error(&format!("oxcclCommGetAsyncError: {}", f.message));
+        }
         // SAFETY: not NULL, and the caller guarantees it is writable.
         unsafe { asyncError.write(state) };
         Ok(())

@@ -162,6 +162,43 @@ def init_rank(nranks, uid_bytes, rank, timeout_s=None):
     return comm.value
 
 
+class Config(ctypes.Structure):
+    """oxcclConfig_t up to ``blocking`` (an older caller's smaller layout, which the library
+    accepts: the fields past ``size`` count as undefined)."""
+
+    _fields_ = [("size", c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", c_int)]
+
+
+CONFIG_MAGIC = 0xCAFEBEEF
+CONFIG_VERSION = 22705  # NCCL 2.27.5's layout, as OXCCL_CONFIG_INITIALIZER writes
+
+
+def init_rank_start(nranks, uid_bytes, rank, timeout_s):
+    """Starts making a communicator (non-blocking: poll ``comm_state`` until it is no longer
+    IN_PROGRESS; ``oxcclCommAbort`` gives it up) and returns its handle."""
+    if len(uid_bytes) != UNIQUE_ID_BYTES:
+        raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
+    uid = UniqueId.from_buffer_copy(uid_bytes)
+    config = Config(Config.blocking.offset + ctypes.sizeof(c_int), CONFIG_MAGIC, CONFIG_VERSION, 0)
+    comm = c_void_p()
+    options = f"OXCCL_TIMEOUT={float(timeout_s)!r}".encode()
+    code = lib.oxcclCommInitRankOptions(
+        ctypes.byref(comm), nranks, uid, rank, ctypes.byref(config), options
+    )
+    if code != IN_PROGRESS:
+        check(code, f"CommInitRankOptions (rank {rank} of {nranks})")
+    return comm.value
+
+
+def comm_state(comm):
+    """oxcclCommGetAsyncError: SUCCESS, IN_PROGRESS, or the failure that broke ``comm``
+    (``last_error()`` then says what)."""
+    state = c_int(SUCCESS)
+    check(lib.oxcclCommGetAsyncError(comm, ctypes.byref(state)), "CommGetAsyncError", comm)
+    return state.value
+
+
 def split(comm, color, key):
     """oxcclCommSplit: the new communicator's handle, or None (``color`` < 0: not a member)."""
     new = c_void_p()

@@ -281,8 +281,12 @@ class _P2PWork(dist._Work):
         """Starts message ``i`` on ``pair``'s communicator (or records why it cannot start).
         Called once per message, in each pair's order."""
         send, _, tag, buf, dtype, _ = self._messages[i]
-        error = pair.error
-        if error is None:
+        error = None
+        if pair.error is not None:
+            error = dist.DistBackendError(
+                f"oxccl {self._what} on {self._backend._where}: {pair.error}"
+            )
+        else:
             request = ctypes.c_void_p()
             start = lib.oxcclSendStart if send else lib.oxcclRecvStart
             code = start(
@@ -433,7 +437,7 @@ class _Pair:
         self.own = comm is None  # made for this pair (not the group's communicator)
         self.peer = (0 if peer < me else 1) if self.own else peer
         self.comm = comm
-        self.error = None
+        self.error = None  # why its messages fail (made, it failed; or the group closed)
         self.pending = [] if comm is None else None  # (work, message) until it is made
 
     def make(self):
@@ -444,7 +448,7 @@ class _Pair:
         comm, error = None, None
         try:
             uid = self._unique_id(me == low)
-            comm = _lib.init_rank(2, uid, 0 if me == low else 1, self.backend._timeout_s)
+            comm = self._create(uid, 0 if me == low else 1)
         except _lib.OxcclError as e:
             error = self._make_failed(self._names(e.detail))
         except BaseException as e:  # noqa: BLE001 - every message to this peer gets it
@@ -471,8 +475,7 @@ class _Pair:
         deadline = time.monotonic() + self.backend._timeout_s
         pause = 0.0002
         while not store.check([key]):
-            if self.pending is None:
-                raise self.backend._closed_error("point-to-point")
+            self._check_group()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
@@ -483,12 +486,43 @@ class _Pair:
             pause = min(pause * 2, 0.02)
         return bytes(store.get(key))
 
+    def _create(self, uid, rank):
+        """The pair's communicator, made without blocking so that the wait for the peer can
+        end early: when the group's communicator sees a rank fail (the peer may be the one
+        that will never come) or the group is closed. Otherwise it ends by the timeout."""
+        comm = _lib.init_rank_start(2, uid, rank, self.backend._timeout_s)
+        pause = 0.0001
+        try:
+            while True:
+                state = _lib.comm_state(comm)
+                if state == _lib.SUCCESS:
+                    return comm
+                if state != _lib.IN_PROGRESS:
+                    detail = _lib.last_error(None) or _lib.error_string(state)
+                    raise _lib.OxcclError(state, detail, detail)
+                self._check_group()
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
+        except BaseException:
+            lib.oxcclCommAbort(comm)  # gives up the creation; its thread ends by the timeout
+            raise
+
+    def _check_group(self):
+        """Raises if the group was closed, or its communicator (which watches every rank by
+        heartbeats) has seen a rank fail."""
+        if self.pending is None:
+            raise self.backend._closed_error("point-to-point")
+        main = self.backend._comm
+        if main is None:
+            return
+        state = _lib.comm_state(main)
+        if state not in (_lib.SUCCESS, _lib.IN_PROGRESS):
+            raise RuntimeError(f"the group is broken: {_lib.last_error(None)}")
+
     def _make_failed(self, why):
+        """Why every message of this pair fails (each names its own operation)."""
         low, high = self.ranks
-        return dist.DistBackendError(
-            f"oxccl point-to-point with {self.group_peer} on {self.backend._where}: making "
-            f"the communicator of ranks {low} and {high} failed: {why}"
-        )
+        return f"making the point-to-point communicator of ranks {low} and {high} failed: {why}"
 
     def _drain(self):
         """Starts (or fails, with ``error``) the messages that waited; then new ones start
@@ -528,7 +562,7 @@ class _Pair:
         closed, so one made later is destroyed by ``make``."""
         with self.lock:
             comm, self.comm = self.comm, None
-            self.error = self.error or self.backend._closed_error("point-to-point")
+            self.error = self.error or f"the group was {self.backend._closed or 'shut down'}"
             if self.pending is not None:
                 self._drain()  # they fail now; one being made is destroyed when made
         if comm is not None and self.own:

@@ -1,8 +1,10 @@
 """One rank of a training loop in which rank VICTIM dies (SIGKILL) at step 20. The others
 must raise from their collective within seconds; each survivor prints one JSON line with
-how long after the death it raised and the error's text, then tears down.
+how long after the death it raised and the error's text, then tears down. With MODE "p2p"
+the survivors' step 20 is a receive from the victim instead, their first message with it
+(so the pair's communicator is still being made when the victim dies).
 
-    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. failure_worker.py DEATH_FILE VICTIM
+    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. failure_worker.py DEATH_FILE VICTIM [MODE]
 """
 
 import datetime
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 def main():
     death_file, victim = sys.argv[1], int(sys.argv[2])
+    p2p = len(sys.argv) > 3 and sys.argv[3] == "p2p"
     dist.init_process_group("oxccl", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     grad = torch.ones(256 * 1024)
@@ -28,7 +31,10 @@ def main():
             os.rename(death_file + ".tmp", death_file)
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            dist.all_reduce(grad)
+            if p2p and step == 20:
+                dist.recv(grad, src=victim)
+            else:
+                dist.all_reduce(grad)
         except Exception as e:  # noqa: BLE001 - what we are here to see
             raised = time.time()
             died = float(open(death_file).read()) if os.path.exists(death_file) else None

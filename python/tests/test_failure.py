@@ -27,8 +27,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world,victim", [(2, 1), (3, 0)])
-def test_killed_rank_makes_the_others_raise_within_5s(world, victim):
+@pytest.mark.parametrize("world,victim,mode", [(2, 1, "collective"), (3, 0, "collective"),
+                                               (3, 1, "p2p")])
+def test_killed_rank_makes_the_others_raise_within_5s(world, victim, mode):
+    # p2p: rank 0 (which hosts the store) and rank 2 start their first receive from rank 1 as
+    # it dies; rank 0 made the pair's id and waits for rank 1 to join, rank 2 waits for the
+    # id: both learn of the death from the group's heartbeats, not at the timeout.
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         death = os.path.join(d, "died")
@@ -37,7 +41,8 @@ def test_killed_rank_makes_the_others_raise_within_5s(world, victim):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, WORKER, death, str(victim)], env=env,
+            procs.append(subprocess.Popen([sys.executable, WORKER, death, str(victim), mode],
+                                          env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
         deadline = time.time() + 120
@@ -62,7 +67,10 @@ def test_killed_rank_makes_the_others_raise_within_5s(world, victim):
         assert seen["after"] < 5.0, f"rank {r} raised {seen['after']:.2f} s after the death: {seen}"
         assert seen["type"] == "DistBackendError", seen
         message = seen["message"]
-        assert "all_reduce" in message or "all-reduce" in message, message
+        if mode == "p2p":
+            assert f"recv from {victim}" in message, message
+        else:
+            assert "all_reduce" in message or "all-reduce" in message, message
         assert f"rank {r}" in message, message
         assert f"rank {victim} failed" in message, message
         assert teardown["destroyed_in"] < 10.0, teardown

@@ -296,6 +296,13 @@ impl Communicator {
         self.inner.rank
     }
 
+    /// A peer this communicator has seen fail (its heartbeats went silent, or a failure
+    /// notice named it), and why; `None` while every peer is alive as far as it knows. Known
+    /// without a call in flight: the next call will fail with `PeerFailed` naming it.
+    pub fn failed_peer(&self) -> Option<(Rank, String)> {
+        self.inner.flags.lost()
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.inner.size

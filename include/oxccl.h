@@ -464,14 +464,25 @@ oxcclResult_t oxcclCommAbort(oxcclComm_t comm);
 // Stores in `*asyncError` the state of `comm` (nccl.h's `ncclCommGetAsyncError`):
 // `oxcclInProgress` while its creation or a non-blocking operation runs, the failure that
 // broke it if one did (a peer's failure, a timeout: the communicator is then unusable, and
-// `oxcclGetLastError` of the failing call named the cause), `oxcclSuccess` otherwise. A peer
-// seen failing while no call runs (its heartbeats went silent, a notice named it) is such
-// a failure too: `oxcclRemoteError`, and `oxcclGetLastError(comm)` names the peer.
+// `oxcclGetLastError` of the failing call named the cause, and so does this call's when it
+// reports one), `oxcclSuccess` otherwise. A peer whose heartbeats went silent while no call
+// ran breaks nothing yet (`oxcclCommFailedPeer` tells of it).
 //
 // # Safety
 //
 // `asyncError` is NULL (an error) or valid for writing one `oxcclResult_t`.
 oxcclResult_t oxcclCommGetAsyncError(oxcclComm_t comm, oxcclResult_t *asyncError);
+
+// Extension: stores in `*peer` a rank that `comm` has seen fail while it was idle or busy
+// (its heartbeats went silent: `OXCCL_HEARTBEAT`), or -1 while it knows of none. Nothing is
+// broken by asking: the next call that needs that rank fails naming it. For a caller waiting
+// for that rank elsewhere (the torch backend, while it makes the communicator of a pair of
+// ranks) and for watchdogs. Only the first rank seen failing is told.
+//
+// # Safety
+//
+// `peer` is NULL (an error) or valid for writing one `int`.
+oxcclResult_t oxcclCommFailedPeer(oxcclComm_t comm, int *peer);
 
 // Stores in `*device` the CUDA device of `comm`: -1, as this host-memory build's
 // communicators have none.

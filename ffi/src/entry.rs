@@ -167,17 +167,8 @@ impl Entry {
         if let Some(f) = lock(&self.failed).as_ref() {
             return f.code;
         }
-        let Some(comm) = self.comm.get() else {
+        if self.comm.get().is_none() {
             return oxcclInProgress;
-        };
-        // A peer seen failing while nothing ran (heartbeats, a notice) breaks the communicator
-        // now, as NCCL reports a remote process's exit: the next call would fail anyway.
-        if let Some((peer, why)) = comm.failed_peer() {
-            self.fail(&Failure {
-                code: oxcclRemoteError,
-                message: format!("rank {}: rank {peer} failed: {why}", comm.rank()),
-            });
-            return oxcclRemoteError;
         }
         let done: Vec<InFlight> = {
             let mut pending = lock(&self.pending);

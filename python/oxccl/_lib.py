@@ -81,6 +81,7 @@ _signatures = {
     "oxcclCommDestroy": [c_void_p],
     "oxcclCommAbort": [c_void_p],
     "oxcclCommGetAsyncError": [c_void_p, POINTER(c_int)],
+    "oxcclCommFailedPeer": [c_void_p, POINTER(c_int)],
     "oxcclCommCount": [c_void_p, POINTER(c_int)],
     "oxcclCommUserRank": [c_void_p, POINTER(c_int)],
     "oxcclAllReduce": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
@@ -197,6 +198,13 @@ def comm_state(comm):
     state = c_int(SUCCESS)
     check(lib.oxcclCommGetAsyncError(comm, ctypes.byref(state)), "CommGetAsyncError", comm)
     return state.value
+
+
+def failed_peer(comm):
+    """oxcclCommFailedPeer: the rank ``comm`` has seen fail (heartbeats), or -1."""
+    peer = c_int(-1)
+    check(lib.oxcclCommFailedPeer(comm, ctypes.byref(peer)), "CommFailedPeer", comm)
+    return peer.value
 
 
 def split(comm, color, key):

@@ -325,8 +325,14 @@ class _P2PWork(dist._Work):
                 return False
             # Bounded: a pair's communicator is made (or fails) within twice the group's
             # timeout (the wait for its id, then the creation), and its messages then start
-            # or fail at once; closing the group fails them at once.
-            self._ready.wait()
+            # or fail at once; closing the group fails them at once. The bound here is for
+            # the unforeseen.
+            limit = 2 * self._backend._timeout_s + 60
+            if not self._ready.wait(limit):
+                raise dist.DistBackendError(
+                    f"oxccl {self._what} on {self._backend._where}: the point-to-point "
+                    f"communicator was neither made nor failed within {limit:g} s"
+                )
         # Every request is ended (waited for, or found done when not blocking) before the
         # work ends, also after a failure: until then a request may still use its buffer.
         busy = False
@@ -488,8 +494,8 @@ class _Pair:
 
     def _create(self, uid, rank):
         """The pair's communicator, made without blocking so that the wait for the peer can
-        end early: when the group's communicator sees a rank fail (the peer may be the one
-        that will never come) or the group is closed. Otherwise it ends by the timeout."""
+        end early: when the group's communicator sees the peer fail, or the group is closed.
+        Otherwise it ends by the timeout."""
         comm = _lib.init_rank_start(2, uid, rank, self.backend._timeout_s)
         pause = 0.0001
         try:
@@ -508,16 +514,16 @@ class _Pair:
             raise
 
     def _check_group(self):
-        """Raises if the group was closed, or its communicator (which watches every rank by
-        heartbeats) has seen a rank fail."""
+        """Raises if the group was closed, or its communicator (which watches the ranks by
+        heartbeats) has seen the peer fail: then it will never come."""
         if self.pending is None:
             raise self.backend._closed_error("point-to-point")
         main = self.backend._comm
-        if main is None:
-            return
-        state = _lib.comm_state(main)
-        if state not in (_lib.SUCCESS, _lib.IN_PROGRESS):
-            raise RuntimeError(f"the group is broken: {_lib.last_error(None)}")
+        if main is not None and _lib.failed_peer(main) == self.group_peer:
+            raise RuntimeError(
+                f"rank {self.group_peer} failed: the group's communicator stopped hearing its "
+                "heartbeats"
+            )
 
     def _make_failed(self, why):
         """Why every message of this pair fails (each names its own operation)."""

@@ -74,3 +74,28 @@ def test_killed_rank_makes_the_others_raise_within_5s(world, victim, mode):
         assert f"rank {r}" in message, message
         assert f"rank {victim} failed" in message, message
         assert teardown["destroyed_in"] < 10.0, teardown
+
+
+def test_a_rank_that_leaves_does_not_break_messages_between_the_others():
+    # Rank 2 exits without destroying its group (no goodbye: the others see its heartbeats
+    # stop); ranks 0 and 1 then make their pair's communicator and exchange a message.
+    port = free_port()
+    worker = os.path.join(HERE, "leave_worker.py")
+    procs = []
+    for r in range(3):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, worker], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for r, p in enumerate(procs):
+        try:
+            outs.append(p.communicate(timeout=90))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"rank {r} hung")
+    for r, got in ((0, 6.0), (1, 7.0)):  # rank 0 sends its all-reduced 6 + 1
+        out, err = outs[r]
+        assert f"rank {r} ok {[got] * 4}" in out, f"rank {r}: {out}\n{err[-3000:]}"

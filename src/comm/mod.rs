@@ -296,9 +296,10 @@ impl Communicator {
         self.inner.rank
     }
 
-    /// A peer this communicator has seen fail (its heartbeats went silent, or a failure
-    /// notice named it), and why; `None` while every peer is alive as far as it knows. Known
-    /// without a call in flight: the next call will fail with `PeerFailed` naming it.
+    /// The first peer this communicator has seen fail (its heartbeats went silent), and why;
+    /// `None` while every watched peer is alive as far as it knows. Known without a call in
+    /// flight: the next call that needs that peer fails with `PeerFailed` naming it. (In
+    /// communicators of more than 16 ranks a rank watches two neighbours on each side only.)
     pub fn failed_peer(&self) -> Option<(Rank, String)> {
         self.inner.flags.lost()
     }

@@ -913,3 +913,21 @@ fn options_set_a_communicators_settings_in_place_of_the_environment() {
         last()
     );
 }
+
+#[test]
+fn failed_peer_is_minus_one_while_every_peer_lives() {
+    // (A rank seen failing is told by heartbeats between processes: python/tests/test_failure.py
+    // kills one as the others wait for it.)
+    let comms = init_all(2);
+    let mut peer = 7;
+    // SAFETY: `peer` is writable.
+    ok(unsafe { oxcclCommFailedPeer(comms[0].get(), &mut peer) });
+    assert_eq!(peer, -1);
+    // SAFETY: NULL is refused before anything is written.
+    fails(
+        unsafe { oxcclCommFailedPeer(comms[0].get(), null_mut()) },
+        oxcclInvalidArgument,
+        "peer",
+    );
+    destroy(comms);
+}

@@ -128,6 +128,14 @@ pub struct Config {
     /// Whether SIGUSR1 dumps every communicator's flight recorder (`OXCCL_TRACE_SIGNAL`,
     /// `0`/`off` to leave SIGUSR1 alone; default on).
     pub trace_signal: bool,
+    /// Who keeps the store server of a [`crate::bootstrap::UniqueId`] made in this process
+    /// (`OXCCL_UNIQUE_ID_SERVER`): `process` (default), the process until it exits, so the id
+    /// may be used again and shrinks may meet there after rank 0 left; `comm`, the
+    /// communicator of rank 0 made from it in this process (and its splits): the server stops
+    /// once they are all dropped and every rank has finished its setup, so making many
+    /// communicators leaves no thread or socket behind (the torch backend's point-to-point
+    /// communicators use it).
+    pub unique_id_server_with_comm: bool,
 }
 
 impl Default for Config {
@@ -155,6 +163,7 @@ impl Default for Config {
             trace_entries: crate::trace::DEFAULT_ENTRIES,
             trace_dir: None,
             trace_signal: true,
+            unique_id_server_with_comm: false,
         }
     }
 }
@@ -325,6 +334,13 @@ impl Config {
         }
         if let Some(v) = get("OXCCL_SCRATCH_SLOTS") {
             c.scratch_slots = number("OXCCL_SCRATCH_SLOTS", &v, "not a count")?;
+        }
+        if let Some(v) = get("OXCCL_UNIQUE_ID_SERVER").filter(|v| !v.trim().is_empty()) {
+            c.unique_id_server_with_comm = match v.trim() {
+                "process" => false,
+                "comm" => true,
+                _ => return Err(bad("OXCCL_UNIQUE_ID_SERVER", &v, "not process or comm")),
+            };
         }
         c.validate()?;
         Ok(c)
@@ -668,8 +684,11 @@ mod tests {
             ("OXCCL_TRACE_ENTRIES", "0"),
             ("OXCCL_TRACE_DIR", "/tmp/x"),
             ("OXCCL_TRACE_SIGNAL", "off"),
+            ("OXCCL_UNIQUE_ID_SERVER", " comm "),
         ]))
         .unwrap();
+        assert!(c.unique_id_server_with_comm);
+        assert!(!Config::default().unique_id_server_with_comm);
         assert_eq!(c.heartbeat, Some(Config::DEFAULT_HEARTBEAT));
         for (v, want) in [("0", None), ("off", None), ("0.5", Some(500))] {
             let c = Config::from_vars(vars(&[("OXCCL_HEARTBEAT", v)])).unwrap();
@@ -715,6 +734,7 @@ mod tests {
             ("OXCCL_IB_GID_INDEX", "256"),
             ("OXCCL_IB_GID_INDEX", "-1"),
             ("OXCCL_IB_GID_INDEX", "auto"),
+            ("OXCCL_UNIQUE_ID_SERVER", "sometimes"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

@@ -136,6 +136,40 @@ fn init_rank_from_a_unique_id_forms_one_communicator() {
     assert!(Communicator::init_rank(&id, 3, 3, Config::default()).is_err());
 }
 
+/// With `unique_id_server_with_comm`, rank 0's communicator keeps the store server of the
+/// UniqueId this process made: it serves the communicator's splits (which keep it too), and
+/// stops once they are all gone, where by default it serves until the process exits.
+#[test]
+fn a_unique_id_server_kept_by_its_communicator_stops_with_it() {
+    for with_comm in [true, false] {
+        let id = UniqueId::new().expect("unique id");
+        let made: Vec<_> = (0..2)
+            .map(|rank| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut config = Config::default().timeout(Duration::from_secs(20));
+                    config.unique_id_server_with_comm = with_comm;
+                    let c = Communicator::init_rank(&id, 2, rank, config)?;
+                    let child = c.split(Some(0), rank as u32)?.expect("a member");
+                    drop(c); // the split goes on with the server
+                    let mut v = [rank as i64 + 1];
+                    child.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                    Ok::<_, Error>(v[0])
+                })
+            })
+            .collect();
+        for h in made {
+            assert_eq!(h.join().expect("thread").expect("communicator"), 3);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        let served = id.connect(deadline).is_ok();
+        assert_eq!(
+            served, !with_comm,
+            "with_comm {with_comm}: the id's store server serves: {served}"
+        );
+    }
+}
+
 /// The same UniqueId serves one communicator after another: each creation meets the others'
 /// of the same generation and never reads the keys (endpoints long closed) an earlier one left.
 #[test]

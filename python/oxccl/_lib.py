@@ -148,6 +148,17 @@ def unique_id():
     return ctypes.string_at(ctypes.addressof(uid), UNIQUE_ID_BYTES)
 
 
+def _options(timeout_s):
+    """The settings of a communicator this package makes: its timeout, and its UniqueId's
+    store server kept by rank 0's communicator rather than the process (so that groups made
+    and destroyed again and again leave no thread or socket behind; the package never uses
+    an id twice)."""
+    options = "OXCCL_UNIQUE_ID_SERVER=comm"
+    if timeout_s is not None:
+        options += f";OXCCL_TIMEOUT={float(timeout_s)!r}"
+    return options.encode()
+
+
 def init_rank(nranks, uid_bytes, rank, timeout_s=None):
     """A communicator of ``nranks`` for ``rank``, meeting at the UniqueId ``uid_bytes``;
     ``timeout_s`` (seconds) becomes its deadline for creation and every operation (a setting
@@ -157,8 +168,9 @@ def init_rank(nranks, uid_bytes, rank, timeout_s=None):
         raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
     uid = UniqueId.from_buffer_copy(uid_bytes)
     comm = c_void_p()
-    options = None if timeout_s is None else f"OXCCL_TIMEOUT={float(timeout_s)!r}".encode()
-    code = lib.oxcclCommInitRankOptions(ctypes.byref(comm), nranks, uid, rank, None, options)
+    code = lib.oxcclCommInitRankOptions(
+        ctypes.byref(comm), nranks, uid, rank, None, _options(timeout_s)
+    )
     check(code, f"CommInitRank (rank {rank} of {nranks})")
     return comm.value
 
@@ -183,9 +195,8 @@ def init_rank_start(nranks, uid_bytes, rank, timeout_s):
     uid = UniqueId.from_buffer_copy(uid_bytes)
     config = Config(Config.blocking.offset + ctypes.sizeof(c_int), CONFIG_MAGIC, CONFIG_VERSION, 0)
     comm = c_void_p()
-    options = f"OXCCL_TIMEOUT={float(timeout_s)!r}".encode()
     code = lib.oxcclCommInitRankOptions(
-        ctypes.byref(comm), nranks, uid, rank, ctypes.byref(config), options
+        ctypes.byref(comm), nranks, uid, rank, ctypes.byref(config), _options(timeout_s)
     )
     if code != IN_PROGRESS:
         check(code, f"CommInitRankOptions (rank {rank} of {nranks})")

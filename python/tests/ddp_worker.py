@@ -8,6 +8,7 @@ torch.save'd dict) for test_ddp.py to compare across backends.
 
 import argparse
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -175,6 +176,11 @@ def main():
     if rank == 0:
         torch.save(results, a.out)
     dist.barrier()
+    if a.backend == "gloo":
+        # The reference's results are saved: Gloo's teardown after DTensor's collectives
+        # aborts now and then ("terminate called without an active exception", one run in
+        # two or three of tensor_parallel alone, 2026-12-05), which is not what is tested.
+        os._exit(0)
     dist.destroy_process_group()
 
 

@@ -32,7 +32,7 @@ pub(crate) mod iface;
 mod mem;
 mod server;
 mod torch_store;
-mod unique_id;
+pub(crate) mod unique_id;
 mod wire;
 
 pub use client::TcpStore;

@@ -33,6 +33,16 @@ const CHECKSUM: usize = 120;
 /// Store servers started by [`UniqueId::new`]; they live as long as the process.
 static SERVERS: Mutex<Vec<StoreServer>> = Mutex::new(Vec::new());
 
+/// The store server [`UniqueId::new`] started in this process for `id`, handed over (to the
+/// communicator of rank 0 made from it, with [`crate::Config::unique_id_server_with_comm`]):
+/// it then lives as long as its new owner. `None` if this process did not make `id`.
+pub(crate) fn take_server(id: &UniqueId) -> Option<StoreServer> {
+    let addr = id.store_addr();
+    let mut servers = SERVERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let i = servers.iter().position(|s| s.local_addr() == addr)?;
+    Some(servers.swap_remove(i))
+}
+
 /// What every rank of a job needs to find the others: the store's address and the job secret,
 /// in exactly 128 bytes (NCCL's ncclUniqueId). Create it once with [`UniqueId::new`], send
 /// [`UniqueId::as_bytes`] to every rank, read it back with [`UniqueId::from_bytes`].

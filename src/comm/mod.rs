@@ -223,13 +223,18 @@ impl Communicator {
         let deadline = std::time::Instant::now() + config.timeout;
         let store = id.connect(deadline)?;
         let prefix = generation(&store, rank)?;
+        // Rank 0 keeps the id's server (if this process made it) where so configured.
+        let server = (rank == 0 && config.unique_id_server_with_comm)
+            .then(|| crate::bootstrap::unique_id::take_server(id))
+            .flatten()
+            .map(Arc::new);
         let boot = Boot::new(
             Arc::new(store),
             prefix,
             id.secret(),
             None,
             Some(id.store_addr()),
-            None,
+            server,
         );
         setup::init(boot, rank, nranks, config)
     }
@@ -790,6 +795,7 @@ impl Drop for Inner {
         self.background.cv.notify_all();
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         st.engine.shutdown("the communicator was dropped");
+        self.boot.let_go(self.size, self.config.timeout);
     }
 }
 

@@ -59,6 +59,31 @@ impl Boot {
         }
     }
 
+    /// Called as a communicator goes: if this rank hosts the store and nothing else keeps
+    /// it, waits (at most `bound`, 10 s at most) until every one of the `size` ranks has
+    /// finished its setup, whose last store calls may still be under way, before the server
+    /// stops with this `Boot`.
+    pub(crate) fn let_go(&self, size: usize, bound: Duration) {
+        let Some(server) = &self._server else {
+            return;
+        };
+        if Arc::strong_count(server) > 1 {
+            return; // a split of this communicator keeps it
+        }
+        let store = PrefixStore::new(self.store.clone(), self.prefix.clone());
+        let until = Instant::now() + bound.min(Duration::from_secs(10));
+        let mut pause = Duration::from_micros(100);
+        loop {
+            match store.add(SETUP_DONE, 0) {
+                Ok(n) if n >= size as i64 => return,
+                Ok(_) if Instant::now() < until => {}
+                _ => return,
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
     /// The same store and secret, in a sub-namespace (for split communicators).
     pub(crate) fn child(&self, name: &str) -> Boot {
         Boot {
@@ -360,8 +385,15 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             _liveness: liveness,
         }),
     };
-    tuning::finish(comm, then)
+    let comm = tuning::finish(comm, then)?;
+    // This rank's last store call of the setup: a rank that hosts the store lets go of it
+    // only once every rank has said so (`Boot::let_go`).
+    store.add(SETUP_DONE, 1)?;
+    Ok(comm)
 }
+
+/// The counter of ranks that finished their setup, in a communicator's namespace.
+const SETUP_DONE: &str = "setup_done";
 
 /// 16 random bytes drawn once per process: whether two ranks share an address space.
 fn process_token() -> [u8; 16] {

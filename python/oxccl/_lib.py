@@ -159,22 +159,6 @@ def _options(timeout_s):
     return options.encode()
 
 
-def init_rank(nranks, uid_bytes, rank, timeout_s=None):
-    """A communicator of ``nranks`` for ``rank``, meeting at the UniqueId ``uid_bytes``;
-    ``timeout_s`` (seconds) becomes its deadline for creation and every operation (a setting
-    of this communicator: the process's environment is left alone, since other threads may
-    be creating communicators)."""
-    if len(uid_bytes) != UNIQUE_ID_BYTES:
-        raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
-    uid = UniqueId.from_buffer_copy(uid_bytes)
-    comm = c_void_p()
-    code = lib.oxcclCommInitRankOptions(
-        ctypes.byref(comm), nranks, uid, rank, None, _options(timeout_s)
-    )
-    check(code, f"CommInitRank (rank {rank} of {nranks})")
-    return comm.value
-
-
 class Config(ctypes.Structure):
     """oxcclConfig_t up to ``blocking`` (an older caller's smaller layout, which the library
     accepts: the fields past ``size`` count as undefined)."""
@@ -187,19 +171,25 @@ CONFIG_MAGIC = 0xCAFEBEEF
 CONFIG_VERSION = 22705  # NCCL 2.27.5's layout, as OXCCL_CONFIG_INITIALIZER writes
 
 
-def init_rank_start(nranks, uid_bytes, rank, timeout_s):
-    """Starts making a communicator (non-blocking: poll ``comm_state`` until it is no longer
-    IN_PROGRESS; ``oxcclCommAbort`` gives it up) and returns its handle."""
+def init_rank(nranks, uid_bytes, rank, timeout_s=None, blocking=True):
+    """A communicator of ``nranks`` for ``rank``, meeting at the UniqueId ``uid_bytes``;
+    ``timeout_s`` (seconds) becomes its deadline for creation and every operation (a setting
+    of this communicator: the process's environment is left alone, since other threads may
+    be creating communicators). With ``blocking`` False the creation only starts: poll
+    ``comm_state`` until it is no longer IN_PROGRESS (``oxcclCommAbort`` gives it up)."""
     if len(uid_bytes) != UNIQUE_ID_BYTES:
         raise ValueError(f"oxccl: a unique id is {UNIQUE_ID_BYTES} bytes, not {len(uid_bytes)}")
     uid = UniqueId.from_buffer_copy(uid_bytes)
-    config = Config(Config.blocking.offset + ctypes.sizeof(c_int), CONFIG_MAGIC, CONFIG_VERSION, 0)
+    config = None
+    if not blocking:
+        size = Config.blocking.offset + ctypes.sizeof(c_int)
+        config = ctypes.byref(Config(size, CONFIG_MAGIC, CONFIG_VERSION, 0))
     comm = c_void_p()
     code = lib.oxcclCommInitRankOptions(
-        ctypes.byref(comm), nranks, uid, rank, ctypes.byref(config), _options(timeout_s)
+        ctypes.byref(comm), nranks, uid, rank, config, _options(timeout_s)
     )
-    if code != IN_PROGRESS:
-        check(code, f"CommInitRankOptions (rank {rank} of {nranks})")
+    if blocking or code != IN_PROGRESS:
+        check(code, f"CommInitRank (rank {rank} of {nranks})")
     return comm.value
 
 

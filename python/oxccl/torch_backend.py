@@ -496,7 +496,7 @@ class _Pair:
         """The pair's communicator, made without blocking so that the wait for the peer can
         end early: when the group's communicator sees the peer fail, or the group is closed.
         Otherwise it ends by the timeout."""
-        comm = _lib.init_rank_start(2, uid, rank, self.backend._timeout_s)
+        comm = _lib.init_rank(2, uid, rank, self.backend._timeout_s, blocking=False)
         pause = 0.0001
         try:
             while True:

@@ -477,12 +477,23 @@ oxcclResult_t oxcclCommGetAsyncError(oxcclComm_t comm, oxcclResult_t *asyncError
 // (its heartbeats went silent: `OXCCL_HEARTBEAT`), or -1 while it knows of none. Nothing is
 // broken by asking: the next call that needs that rank fails naming it. For a caller waiting
 // for that rank elsewhere (the torch backend, while it makes the communicator of a pair of
-// ranks) and for watchdogs. Only the first rank seen failing is told.
+// ranks) and for watchdogs. Only the first rank seen failing is told (`oxcclCommPeerFailed`
+// answers for any rank).
 //
 // # Safety
 //
 // `peer` is NULL (an error) or valid for writing one `int`.
 oxcclResult_t oxcclCommFailedPeer(oxcclComm_t comm, int *peer);
+
+// Extension: stores in `*failed` 1 if `comm` has seen rank `peer` fail (its heartbeats went
+// silent: `OXCCL_HEARTBEAT`), else 0. Unlike `oxcclCommFailedPeer`, which tells only the first
+// rank seen failing, this answers for any rank: a caller waiting for `peer` elsewhere learns
+// of its death even when another rank died first. Nothing is broken by asking.
+//
+// # Safety
+//
+// `failed` is NULL (an error) or valid for writing one `int`.
+oxcclResult_t oxcclCommPeerFailed(oxcclComm_t comm, int peer, int *failed);
 
 // Stores in `*device` the CUDA device of `comm`: -1, as this host-memory build's
 // communicators have none.

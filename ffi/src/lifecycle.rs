@@ -708,7 +708,8 @@ pub unsafe extern "C" fn oxcclCommGetAsyncError(
 /// (its heartbeats went silent: `OXCCL_HEARTBEAT`), or -1 while it knows of none. Nothing is
 /// broken by asking: the next call that needs that rank fails naming it. For a caller waiting
 /// for that rank elsewhere (the torch backend, while it makes the communicator of a pair of
-/// ranks) and for watchdogs. Only the first rank seen failing is told.
+/// ranks) and for watchdogs. Only the first rank seen failing is told (`oxcclCommPeerFailed`
+/// answers for any rank).
 ///
 /// # Safety
 ///
@@ -725,6 +726,42 @@ pub unsafe extern "C" fn oxcclCommFailedPeer(comm: oxcclComm_t, peer: *mut c_int
             .unwrap_or(-1);
         // SAFETY: not NULL, and the caller guarantees it is writable.
         unsafe { peer.write(failed) };
+        Ok(())
+    })
+}
+
+/// Extension: stores in `*failed` 1 if `comm` has seen rank `peer` fail (its heartbeats went
+/// silent: `OXCCL_HEARTBEAT`), else 0. Unlike `oxcclCommFailedPeer`, which tells only the first
+/// rank seen failing, this answers for any rank: a caller waiting for `peer` elsewhere learns
+/// of its death even when another rank died first. Nothing is broken by asking.
+///
+/// # Safety
+///
+/// `failed` is NULL (an error) or valid for writing one `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommPeerFailed(
+    comm: oxcclComm_t,
+    peer: c_int,
+    failed: *mut c_int,
+) -> oxcclResult_t {
+    guard("oxcclCommPeerFailed", || {
+        let entry = handles::get(comm, "comm")?;
+        let c = entry.comm()?;
+        non_null(failed, "failed")?;
+        let size = c.size();
+        let p = usize::try_from(peer)
+            .ok()
+            .filter(|&p| p < size)
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "oxcclCommPeerFailed: peer {peer} is not a rank of this communicator of \
+                     {size} ranks (rank {})",
+                    c.rank()
+                ))
+            })?;
+        let seen = c_int::from(c.failed_peers().contains(&p));
+        // SAFETY: not NULL, and the caller guarantees it is writable.
+        unsafe { failed.write(seen) };
         Ok(())
     })
 }

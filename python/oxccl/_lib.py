@@ -82,6 +82,7 @@ _signatures = {
     "oxcclCommAbort": [c_void_p],
     "oxcclCommGetAsyncError": [c_void_p, POINTER(c_int)],
     "oxcclCommFailedPeer": [c_void_p, POINTER(c_int)],
+    "oxcclCommPeerFailed": [c_void_p, c_int, POINTER(c_int)],
     "oxcclCommCount": [c_void_p, POINTER(c_int)],
     "oxcclCommUserRank": [c_void_p, POINTER(c_int)],
     "oxcclAllReduce": [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
@@ -201,11 +202,12 @@ def comm_state(comm):
     return state.value
 
 
-def failed_peer(comm):
-    """oxcclCommFailedPeer: the rank ``comm`` has seen fail (heartbeats), or -1."""
-    peer = c_int(-1)
-    check(lib.oxcclCommFailedPeer(comm, ctypes.byref(peer)), "CommFailedPeer", comm)
-    return peer.value
+def peer_failed(comm, peer):
+    """oxcclCommPeerFailed: whether ``comm`` has seen rank ``peer`` fail (heartbeats), whichever
+    rank failed first."""
+    failed = c_int(0)
+    check(lib.oxcclCommPeerFailed(comm, peer, ctypes.byref(failed)), "CommPeerFailed", comm)
+    return bool(failed.value)
 
 
 def split(comm, color, key):

@@ -519,7 +519,7 @@ class _Pair:
         if self.pending is None:
             raise self.backend._closed_error("point-to-point")
         main = self.backend._comm
-        if main is not None and _lib.failed_peer(main) == self.group_peer:
+        if main is not None and _lib.peer_failed(main, self.group_peer):
             raise RuntimeError(
                 f"rank {self.group_peer} failed: the group's communicator stopped hearing its "
                 "heartbeats"

@@ -2,7 +2,9 @@
 must raise from their collective within seconds; each survivor prints one JSON line with
 how long after the death it raised and the error's text, then tears down. With MODE "p2p"
 the survivors' step 20 is a receive from the victim instead, their first message with it
-(so the pair's communicator is still being made when the victim dies).
+(so the pair's communicator is still being made when the victim dies). VICTIM may list
+several ranks ("2,1"): they die in that order, 2 s apart, and the survivors receive from the
+last (the deaths are timed from it).
 
     RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. failure_worker.py DEATH_FILE VICTIM [MODE]
 """
@@ -19,13 +21,16 @@ import torch.distributed as dist
 
 
 def main():
-    death_file, victim = sys.argv[1], int(sys.argv[2])
+    death_file = sys.argv[1]
+    victims = [int(v) for v in sys.argv[2].split(",")]
+    victim = victims[-1]
     p2p = len(sys.argv) > 3 and sys.argv[3] == "p2p"
     dist.init_process_group("oxccl", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     grad = torch.ones(256 * 1024)
     for step in range(10_000):
-        if rank == victim and step == 20:
+        if rank in victims and step == 20:
+            time.sleep(2.0 * victims.index(rank))
             with open(death_file + ".tmp", "w") as f:
                 f.write(repr(time.time()))
             os.rename(death_file + ".tmp", death_file)

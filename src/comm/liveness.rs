@@ -243,6 +243,8 @@ struct Heard {
     ever: bool,
     /// Still watched (no goodbye).
     watched: bool,
+    /// Declared failed (each peer is declared once).
+    declared: bool,
 }
 
 impl Watch {
@@ -262,13 +264,13 @@ impl Watch {
                 counter: 0,
                 ever: false,
                 watched: true,
+                declared: false,
             };
             self.peers.len()
         ];
         let mut counter = FIRST_BEAT;
         let mut next_beat = start + beat_every;
         let mut last_turn = start;
-        let mut declared = false;
         let mut warned = false;
         let mut buf = [0u8; 64];
         while !self.stop.load(Ordering::Acquire) {
@@ -326,13 +328,13 @@ impl Watch {
                     );
                 }
             }
-            if declared {
-                // This rank keeps beating (its neighbours must not take it for dead), but one
-                // failure is all it reports.
-                continue;
-            }
-            let late = (0..heard.len())
-                .find(|&i| heard[i].watched && heard[i].ever && now - heard[i].at >= silence);
+            // This rank keeps beating whatever it declared (its neighbours must not take it
+            // for dead), and declares each silent peer once: the first breaks the
+            // communicator's calls, the others are known to `Communicator::failed_peers`.
+            let late = (0..heard.len()).find(|&i| {
+                let h = &heard[i];
+                h.watched && h.ever && !h.declared && now - h.at >= silence
+            });
             if let Some(i) = late {
                 let quiet = now - heard[i].at;
                 self.flags.lose(
@@ -343,7 +345,7 @@ impl Watch {
                         self.period
                     ),
                 );
-                declared = true;
+                heard[i].declared = true;
             }
         }
     }
@@ -494,6 +496,60 @@ mod tests {
         // that a loaded machine does not fail the test — tests/liveness.rs measures the bound.
         assert!(took <= period * 2, "took {took:?}");
         drop((la, lb));
+    }
+
+    #[test]
+    fn every_silent_peer_is_declared_and_the_first_stays_the_cause() {
+        let sockets: Vec<UdpSocket> = (0..4)
+            .map(|_| bind("127.0.0.1".parse().unwrap()).unwrap())
+            .collect();
+        let addrs: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+        let seal = Seal::new(&[3; 32], *b"testtest");
+        let period = Duration::from_millis(300);
+        let flags: Vec<Arc<Flags>> = (0..4).map(|_| Arc::new(Flags::new())).collect();
+        let mut watches: Vec<Option<Liveness>> = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(me, s)| {
+                let peers = (0..4).filter(|&r| r != me).map(|r| (r, addrs[r])).collect();
+                Some(
+                    Liveness::start(
+                        me,
+                        s,
+                        peers,
+                        (period, period),
+                        seal.clone(),
+                        flags[me].clone(),
+                    )
+                    .unwrap(),
+                )
+            })
+            .collect();
+        std::thread::sleep(period * 2);
+        assert!(flags.iter().all(|f| f.lost_all().is_empty()));
+        let silence = |w: Liveness| {
+            w.stop.store(true, Ordering::Release);
+            std::mem::forget(w);
+        };
+        let wait_for = |n: usize| {
+            let t = Instant::now();
+            while flags[..2].iter().any(|f| f.lost_all().len() < n) && t.elapsed() < period * 10 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // Rank 3 goes silent, then rank 2 once rank 3 was declared.
+        silence(watches[3].take().unwrap());
+        wait_for(1);
+        assert_eq!(flags[0].lost_all(), vec![3]);
+        silence(watches[2].take().unwrap());
+        wait_for(2);
+        for f in &flags[..2] {
+            assert_eq!(f.lost_all(), vec![3, 2]);
+            let (first, why) = f.lost().expect("declared");
+            assert_eq!(first, 3, "the first declared stays the cause");
+            assert!(why.contains("no heartbeat"), "{why}");
+        }
+        drop(watches);
     }
 
     #[test]

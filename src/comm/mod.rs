@@ -309,6 +309,13 @@ impl Communicator {
         self.inner.flags.lost()
     }
 
+    /// Every peer this communicator has seen fail so far, in the order it saw them (the first
+    /// is [`Communicator::failed_peer`]'s). For a caller waiting for some rank elsewhere, which
+    /// must learn of that rank's failure even when another failed first.
+    pub fn failed_peers(&self) -> Vec<Rank> {
+        self.inner.flags.lost_all()
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.inner.size

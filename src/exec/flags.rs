@@ -13,10 +13,10 @@ pub struct Flags {
     aborted: AtomicBool,
     /// Peers were sent this rank's failure notice.
     told: AtomicBool,
-    /// A peer the liveness watch declared failed, plus one (0: none).
+    /// The first peer the liveness watch declared failed, plus one (0: none).
     lost: AtomicUsize,
-    /// Why it was declared failed.
-    lost_why: Mutex<String>,
+    /// Every peer declared failed, in the order declared, with what was seen.
+    lost_why: Mutex<Vec<(Rank, String)>>,
     waker: Option<OwnedFd>,
     /// Threads waiting for the communicator's lock (to queue an operation) while the progress
     /// thread drives with it: the progress thread lets go of it for them.
@@ -36,7 +36,7 @@ impl Flags {
             aborted: AtomicBool::new(false),
             told: AtomicBool::new(false),
             lost: AtomicUsize::new(0),
-            lost_why: Mutex::new(String::new()),
+            lost_why: Mutex::new(Vec::new()),
             waker,
             wanted: AtomicUsize::new(0),
         }
@@ -50,16 +50,19 @@ impl Flags {
         }
     }
 
-    /// Declares `peer` failed (`why`: what was seen) and wakes a blocked driver; the engine
-    /// fails the running call, or the next one, with `PeerFailed` naming it. The first
-    /// declaration stands.
+    /// Declares `peer` failed (`why`: what was seen) and, for the first one, wakes a blocked
+    /// driver; the engine fails the running call, or the next one, with `PeerFailed` naming
+    /// the first. Later declarations of other peers are kept for [`Flags::lost_all`].
     pub fn lose(&self, peer: Rank, why: String) {
         {
             let mut w = self.lost_why.lock().unwrap_or_else(|p| p.into_inner());
+            if w.iter().any(|(p, _)| *p == peer) {
+                return;
+            }
+            w.push((peer, why));
             if self.lost.load(Ordering::Acquire) != 0 {
                 return;
             }
-            *w = why;
             self.lost.store(peer + 1, Ordering::Release);
         }
         if let Some(w) = &self.waker {
@@ -73,19 +76,27 @@ impl Flags {
         self.lost.load(Ordering::Acquire) != 0
     }
 
-    /// The peer declared failed, and why.
+    /// The first peer declared failed, and why.
     #[inline]
     pub fn lost(&self) -> Option<(Rank, String)> {
-        match self.lost.load(Ordering::Acquire) {
-            0 => None,
-            p => Some((
-                p - 1,
-                self.lost_why
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
-            )),
+        if self.lost.load(Ordering::Acquire) == 0 {
+            return None;
         }
+        self.lost_why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first()
+            .cloned()
+    }
+
+    /// Every peer declared failed so far, in the order declared.
+    pub fn lost_all(&self) -> Vec<Rank> {
+        self.lost_why
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(p, _)| *p)
+            .collect()
     }
 
     /// A thread waits for the communicator's lock (until [`Flags::got`]); wakes a driver

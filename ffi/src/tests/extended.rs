@@ -929,5 +929,27 @@ fn failed_peer_is_minus_one_while_every_peer_lives() {
         oxcclInvalidArgument,
         "peer",
     );
+    for p in [0, 1] {
+        let mut failed = 7;
+        // SAFETY: `failed` is writable.
+        ok(unsafe { oxcclCommPeerFailed(comms[0].get(), p, &mut failed) });
+        assert_eq!(failed, 0, "rank {p}");
+    }
+    for bad in [-1, 2, i32::MAX] {
+        let mut failed = 7;
+        // SAFETY: `failed` is writable.
+        fails(
+            unsafe { oxcclCommPeerFailed(comms[0].get(), bad, &mut failed) },
+            oxcclInvalidArgument,
+            &format!("peer {bad} is not a rank"),
+        );
+        assert_eq!(failed, 7, "nothing written for peer {bad}");
+    }
+    // SAFETY: NULL is refused before anything is written.
+    fails(
+        unsafe { oxcclCommPeerFailed(comms[0].get(), 1, null_mut()) },
+        oxcclInvalidArgument,
+        "failed",
+    );
     destroy(comms);
 }

@@ -261,6 +261,15 @@ int main(void) {
         "not a setting");
   CHECK(oxcclCommInitRankOptions(&optioned, nranks, id, rank, NULL, "OXCCL_TIMEOUT=30"));
   collectives(optioned, rank, nranks);
+  {
+    /* every rank lives: none seen failing, and a rank out of range is refused */
+    int peer = 7, failed = 7;
+    CHECK(oxcclCommFailedPeer(optioned, &peer));
+    EXPECT(peer == -1, "failed peer while every rank lives", peer);
+    CHECK(oxcclCommPeerFailed(optioned, nranks - 1, &failed));
+    EXPECT(failed == 0, "last rank failed while it lives", failed);
+    FAILS(oxcclCommPeerFailed(optioned, nranks, &failed), oxcclInvalidArgument, "not a rank");
+  }
   CHECK(oxcclCommDestroy(optioned));
 
   /* non-blocking: creation and operations return oxcclInProgress */

@@ -373,7 +373,9 @@ oxcclResult_t oxcclCommInitRankOptions(oxcclComm_t *comm,
 
 // `oxcclCommInitRankConfig` with several ids (nccl.h's `ncclCommInitRankScalable`, which
 // spreads the bootstrap over several roots). oxccl's ranks meet at one store, so the first id
-// is used; the others are checked and must be the same on every rank. `nId` is 1 to nranks.
+// is used; the others are only checked to be well formed (as in NCCL, every rank must pass the
+// same ids; a rank whose first id differs never meets the others, and creation times out
+// naming the rank it waited for). `nId` is 1 to nranks.
 //
 // # Safety
 //
@@ -421,6 +423,22 @@ oxcclResult_t oxcclCommSplit(oxcclComm_t comm,
                              int key,
                              oxcclComm_t *newcomm,
                              struct oxcclConfig_t *config);
+
+// Extension: `oxcclCommSplit` whose new communicator takes its settings from `options`
+// (`NAME=VALUE` separated by `;`, as `oxcclCommInitRankOptions` takes them: in place of the
+// `OXCCL_*` environment variables of those names, the rest from the environment) instead of
+// from `comm`; NULL: as `oxcclCommSplit`. The torch backend gives each subgroup made by a
+// split its own timeout this way. Every member must pass alike settings.
+//
+// # Safety
+//
+// As `oxcclCommSplit`; `options` is NULL or a NUL-terminated string.
+oxcclResult_t oxcclCommSplitOptions(oxcclComm_t comm,
+                                    int color,
+                                    int key,
+                                    oxcclComm_t *newcomm,
+                                    struct oxcclConfig_t *config,
+                                    const char *options);
 
 // Shrinks `comm` (nccl.h's `ncclCommShrink`, NCCL 2.27): the ranks not in
 // `excludeRanksList` (`excludeRanksCount` ranks of `comm`) form a new communicator, in the

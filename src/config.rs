@@ -200,7 +200,14 @@ impl Config {
     /// Defaults overridden by the `OXCCL_*` variables present in the environment; an error names
     /// a variable that does not parse or is out of range.
     pub fn from_env() -> Result<Config> {
-        Config::from_vars(|k| std::env::var(k).ok())
+        Config::from_env_with(|_| None)
+    }
+
+    /// [`Config::from_env`] with the values `overrides` returns in place of those variables'
+    /// (a communicator's own settings: the C ABI's `oxcclCommInitRankOptions`); it is asked
+    /// for every variable read.
+    pub fn from_env_with(overrides: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        with_env(|get| Config::from_vars(|k| overrides(k).or_else(|| get(k))))
     }
 
     /// Defaults overridden by the variables `get` returns (for tests), then
@@ -650,6 +657,30 @@ impl std::str::FromStr for TransportFilter {
             )));
         }
         Ok(TransportFilter { order })
+    }
+}
+
+/// Runs `read` over the process environment, with one rule for every `OXCCL_*` variable it
+/// asks for: a value that is not UTF-8 is an error naming the variable (not taken for unset,
+/// which would quietly give the default — a garbled `OXCCL_TIMEOUT` became 300 s).
+pub(crate) fn with_env<T>(
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<T>,
+) -> Result<T> {
+    let garbled = std::cell::RefCell::new(None::<String>);
+    let get = |k: &str| match std::env::var(k) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            garbled.borrow_mut().get_or_insert_with(|| k.to_owned());
+            None
+        }
+    };
+    let out = read(&get);
+    match garbled.into_inner() {
+        Some(k) => Err(Error::InvalidArgument(format!(
+            "{k}: its value is not valid UTF-8 (oxccl reads its settings as UTF-8 text)"
+        ))),
+        None => out,
     }
 }
 

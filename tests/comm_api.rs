@@ -136,6 +136,49 @@ fn init_rank_from_a_unique_id_forms_one_communicator() {
     assert!(Communicator::init_rank(&id, 3, 3, Config::default()).is_err());
 }
 
+/// Ranks given different sizes for one id are named at once (each reads the other's size),
+/// and a rank that never comes is a `Timeout` naming it at the deadline.
+#[test]
+fn a_rank_given_another_size_or_never_coming_is_named() {
+    let id = UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let start = std::time::Instant::now();
+    let handles: Vec<_> = [(0, 2), (1, 3)]
+        .into_iter()
+        .map(|(rank, size)| {
+            std::thread::spawn(move || {
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                let config = Config::default().timeout(Duration::from_secs(30));
+                Communicator::init_rank(&id, size, rank, config).map(|_| ())
+            })
+        })
+        .collect();
+    for (h, says) in handles.into_iter().zip([
+        "rank 0: creation: rank 1 was given 3 ranks, this rank 2",
+        "rank 1: creation: rank 0 was given 2 ranks, this rank 3",
+    ]) {
+        match h.join().expect("thread") {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let id = UniqueId::new().expect("unique id");
+    let config = Config::default().timeout(Duration::from_millis(500));
+    match Communicator::init_rank(&id, 2, 0, config) {
+        Err(Error::Timeout { rank, op, peer, .. }) => {
+            assert_eq!((rank, peer), (0, Some(1)), "{op}");
+            assert!(op.contains("communicator creation (2 ranks"), "{op}");
+        }
+        other => panic!("{:?}", other.map(|c| c.size())),
+    }
+}
+
 /// With `unique_id_server_with_comm`, rank 0's communicator keeps the store server of the
 /// UniqueId this process made: it serves the communicator's splits (which keep it too), and
 /// stops once they are all gone, where by default it serves until the process exits.

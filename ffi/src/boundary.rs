@@ -302,6 +302,14 @@ impl Region {
         if self.len < CHECK_MAPPED_FROM {
             return Ok(());
         }
+        self.all_mapped()
+    }
+
+    /// [`Region::mapped`] at any length (registrations: they pin what they are given).
+    pub(crate) fn all_mapped(&self) -> Outcome {
+        if self.len == 0 {
+            return Ok(());
+        }
         let page = rustix::param::page_size();
         let start = self.start() & !(page - 1);
         let unmapped = || {

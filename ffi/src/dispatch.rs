@@ -88,6 +88,30 @@ pub(crate) fn note_failure(f: &Failure) {
     });
 }
 
+/// `entry`'s handle was just destroyed or aborted (`how`): if this thread's open group kept
+/// operations on it, the group fails and runs none of its work at `oxcclGroupEnd` (they would
+/// write the caller's buffers after the destroy returned).
+pub(crate) fn dropped_in_group(entry: &Arc<Entry>, how: &str) {
+    let _ = GROUP.try_with(|g| {
+        if !in_group() {
+            return;
+        }
+        let Ok(mut g) = g.try_borrow_mut() else {
+            return;
+        };
+        if g.jobs.iter().any(|(e, _)| Arc::ptr_eq(e, entry)) {
+            let rank = entry.comm().map(|c| c.rank()).ok();
+            let who = rank.map_or(String::new(), |r| format!("rank {r}: "));
+            g.error.get_or_insert_with(|| {
+                Failure::usage(format!(
+                    "{who}comm was {how} inside the group, before oxcclGroupEnd, with \
+                     operations the group kept for it"
+                ))
+            });
+        }
+    });
+}
+
 /// Keeps `held` for this thread's open group until its outermost `oxcclGroupEnd`.
 pub(crate) fn hold(held: crate::device::Held) {
     GROUP.with(|g| g.borrow_mut().held.push(held));

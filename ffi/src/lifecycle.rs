@@ -287,17 +287,16 @@ fn config_with(options: &str) -> Result<Config, Failure> {
         set.push((name, value.trim()));
     }
     let read = std::cell::RefCell::new(Vec::new());
-    let config = Config::from_vars(|var| {
+    let config = Config::from_env_with(|var| {
         read.borrow_mut().push(var.to_owned());
-        match set.iter().find(|(n, _)| *n == var) {
-            Some((_, v)) => Some((*v).to_owned()),
-            None => std::env::var(var).ok(),
-        }
+        set.iter()
+            .find(|(n, _)| *n == var)
+            .map(|(_, v)| (*v).to_owned())
     })?;
     let read = read.into_inner();
     if let Some((name, _)) = set.iter().find(|(n, _)| !read.iter().any(|r| r == n)) {
         return Err(Failure::invalid(format!(
-            "options: {name} is not a setting of a communicator (those are {})",
+            "options: {name:?} is not a setting of a communicator (those are {})",
             read.join(", ")
         )));
     }
@@ -331,17 +330,10 @@ pub unsafe extern "C" fn oxcclCommInitRankOptions(
         let id = unique_id(&commId, "commId")?;
         // SAFETY: the caller's contract for `config`.
         let blocking = unsafe { blocking(config) }?;
-        let config = if options.is_null() {
-            Config::from_env()?
-        } else {
-            // SAFETY: the caller guarantees a NUL-terminated string; read at most MAX_OPTIONS
-            // bytes before its NUL.
-            let bytes = unsafe { bounded_c_str(options, MAX_OPTIONS) }.ok_or_else(|| {
-                Failure::invalid(format!("options: longer than {MAX_OPTIONS} bytes"))
-            })?;
-            let text =
-                std::str::from_utf8(bytes).map_err(|_| Failure::invalid("options: not UTF-8"))?;
-            config_with(text)?
+        // SAFETY: the caller's contract for `options`.
+        let config = match unsafe { options_config(options) }? {
+            Some(c) => c,
+            None => Config::from_env()?,
         };
         // SAFETY: `comm` was checked above; the caller guarantees it is writable.
         unsafe { create_rank_with(comm, n, r, id, blocking, config) }
@@ -371,7 +363,9 @@ const MAX_IDS: c_int = 1 << 16;
 
 /// `oxcclCommInitRankConfig` with several ids (nccl.h's `ncclCommInitRankScalable`, which
 /// spreads the bootstrap over several roots). oxccl's ranks meet at one store, so the first id
-/// is used; the others are checked and must be the same on every rank. `nId` is 1 to nranks.
+/// is used; the others are only checked to be well formed (as in NCCL, every rank must pass the
+/// same ids; a rank whose first id differs never meets the others, and creation times out
+/// naming the rank it waited for). `nId` is 1 to nranks.
 ///
 /// # Safety
 ///
@@ -486,7 +480,69 @@ pub unsafe extern "C" fn oxcclCommSplit(
     newcomm: *mut oxcclComm_t,
     config: *mut oxcclConfig_t,
 ) -> oxcclResult_t {
-    guard("oxcclCommSplit", || {
+    // SAFETY: the caller's contract, passed on.
+    guard("oxcclCommSplit", || unsafe {
+        split(comm, color, key, newcomm, config, None)
+    })
+}
+
+/// Extension: `oxcclCommSplit` whose new communicator takes its settings from `options`
+/// (`NAME=VALUE` separated by `;`, as `oxcclCommInitRankOptions` takes them: in place of the
+/// `OXCCL_*` environment variables of those names, the rest from the environment) instead of
+/// from `comm`; NULL: as `oxcclCommSplit`. The torch backend gives each subgroup made by a
+/// split its own timeout this way. Every member must pass alike settings.
+///
+/// # Safety
+///
+/// As `oxcclCommSplit`; `options` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn oxcclCommSplitOptions(
+    comm: oxcclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut oxcclComm_t,
+    config: *mut oxcclConfig_t,
+    options: *const c_char,
+) -> oxcclResult_t {
+    guard("oxcclCommSplitOptions", || {
+        // SAFETY: the caller's contract for `options`.
+        let own = unsafe { options_config(options) }?;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { split(comm, color, key, newcomm, config, own) }
+    })
+}
+
+/// The configuration `options` (NULL: none) gives a communicator, or None for NULL.
+///
+/// # Safety
+///
+/// `options` is NULL or a NUL-terminated string.
+unsafe fn options_config(options: *const c_char) -> Result<Option<Config>, Failure> {
+    if options.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller guarantees a NUL-terminated string; read at most MAX_OPTIONS bytes
+    // before its NUL.
+    let bytes = unsafe { bounded_c_str(options, MAX_OPTIONS) }
+        .ok_or_else(|| Failure::invalid(format!("options: longer than {MAX_OPTIONS} bytes")))?;
+    let text = std::str::from_utf8(bytes).map_err(|_| Failure::invalid("options: not UTF-8"))?;
+    config_with(text).map(Some)
+}
+
+/// `oxcclCommSplit`, the new communicator made with `own` settings if given.
+///
+/// # Safety
+///
+/// As `oxcclCommSplit`.
+unsafe fn split(
+    comm: oxcclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut oxcclComm_t,
+    config: *mut oxcclConfig_t,
+    own: Option<Config>,
+) -> Outcome {
+    {
         let parent = handles::get(comm, "comm")?;
         non_null(newcomm, "newcomm")?;
         parent.for_operation()?;
@@ -512,7 +568,11 @@ pub unsafe extern "C" fn oxcclCommSplit(
         let make = Box::new(move || {
             // The split is a collective of the parent: its earlier operations finish first.
             parent.drain()?;
-            Ok(parent.comm()?.split(color, key)?)
+            let c = parent.comm()?;
+            Ok(match own {
+                Some(config) => c.split_with(color, key, config)?,
+                None => c.split(color, key)?,
+            })
         });
         // SAFETY: `newcomm` was checked above; the caller guarantees it is writable.
         unsafe {
@@ -522,7 +582,7 @@ pub unsafe extern "C" fn oxcclCommSplit(
                 make,
             })
         }
-    })
+    }
 }
 
 /// Shrinks `comm` (nccl.h's `ncclCommShrink`, NCCL 2.27): the ranks not in
@@ -648,6 +708,7 @@ pub extern "C" fn oxcclCommFinalize(comm: oxcclComm_t) -> oxcclResult_t {
 pub extern "C" fn oxcclCommDestroy(comm: oxcclComm_t) -> oxcclResult_t {
     guard("oxcclCommDestroy", || {
         let entry = handles::remove(comm, "comm")?;
+        crate::dispatch::dropped_in_group(&entry, "destroyed");
         // Their failures were reported (or are moot): the buffers are what matters here.
         let _ = entry.drain();
         entry.drain_requests();
@@ -663,6 +724,7 @@ pub extern "C" fn oxcclCommDestroy(comm: oxcclComm_t) -> oxcclResult_t {
 pub extern "C" fn oxcclCommAbort(comm: oxcclComm_t) -> oxcclResult_t {
     guard("oxcclCommAbort", || {
         let entry = handles::remove(comm, "comm")?;
+        crate::dispatch::dropped_in_group(&entry, "aborted");
         if let Ok(c) = entry.comm() {
             c.abort();
         }

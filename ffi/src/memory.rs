@@ -10,7 +10,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, PoisonError};
 
 use crate::abi::*;
-use crate::boundary::{Failure, guard, non_null};
+use crate::boundary::{Failure, Region, guard, non_null};
+use crate::collectives::Buffers;
 use crate::handles;
 
 /// Alignment of `oxcclMemAlloc`'s memory: a page.
@@ -140,6 +141,12 @@ unsafe fn register(comm: oxcclComm_t, buff: *mut c_void, size: usize) -> Result<
     (buff as usize)
         .checked_add(size)
         .ok_or_else(|| Failure::invalid(format!("size: {size} bytes at {buff:p} wrap around")))?;
+    // Host memory must be this process's, all of it: a size larger than the buffer would
+    // otherwise be pinned (rdma) or trusted as is. Device memory is the driver's to check.
+    let region = || Region::new(buff.cast_const(), size, "buff");
+    if !crate::device::default_stream_device(&entry, &Buffers::Shared(region())) {
+        region().all_mapped()?;
+    }
     // SAFETY: the caller's promise, passed on; the registration ends when it is dropped
     // (deregistration, or with the entry).
     let registration = unsafe { c.register(buff.cast_const().cast(), size) }?;

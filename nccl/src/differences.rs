@@ -1,9 +1,11 @@
 //! Where NCCL 2.27 and oxccl's C ABI differ, and nothing else: the version reported (nccl.h's
 //! NCCL_VERSION_CODE, not oxccl's), the timeout result code (oxccl's `oxcclTimeout`, 8, is past
 //! NCCL 2.27's last code, so it is returned as `ncclRemoteError`; the last-error message still
-//! says it timed out) and the error strings (NCCL's wording, pointing at `ncclGetLastError`).
+//! says it timed out) and the error strings (NCCL's wording, pointing at `ncclGetLastError`,
+//! whose message names the failed function by its NCCL name).
 
-use std::ffi::{c_char, c_int};
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int};
 
 use oxccl::*;
 
@@ -90,4 +92,40 @@ pub(crate) fn error_string(result: oxcclResult_t) -> *const c_char {
         _ => c"unknown result code",
     };
     text.as_ptr()
+}
+
+thread_local! {
+    /// The last `ncclGetLastError` message of this thread, with NCCL's function name.
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// `ncclGetLastError`: `oxcclGetLastError`'s message, whose leading function name
+/// (`oxcclRecv: ...`) becomes NCCL's (`ncclRecv: ...`): the caller called that one. Any handle
+/// may be passed.
+pub(crate) fn last_error(comm: oxcclComm_t) -> *const c_char {
+    let ours = oxcclGetLastError(comm);
+    if ours.is_null() {
+        return ours;
+    }
+    // SAFETY: oxcclGetLastError returns a NUL-terminated string valid until this thread's next
+    // call into the library.
+    let bytes = unsafe { CStr::from_ptr(ours) }.to_bytes();
+    let Some(rest) = bytes.strip_prefix(b"oxccl") else {
+        return ours;
+    };
+    let name_ends = rest.iter().position(|&b| !b.is_ascii_alphanumeric());
+    if !rest.first().is_some_and(u8::is_ascii_uppercase) || name_ends.map(|i| rest[i]) != Some(b':')
+    {
+        return ours;
+    }
+    let mut text = b"nccl".to_vec();
+    text.extend_from_slice(rest);
+    // No NUL inside: it came from a C string.
+    let Ok(text) = CString::new(text) else {
+        return ours;
+    };
+    LAST.with(|l| {
+        *l.borrow_mut() = text;
+        l.borrow().as_ptr()
+    })
 }

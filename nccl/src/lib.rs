@@ -66,7 +66,8 @@ forward! {
     fn ncclGetErrorString / pncclGetErrorString(result: oxcclResult_t)
         -> *const c_char = differences::error_string;
     /// nccl.h's `ncclGetLastError`.
-    fn ncclGetLastError / pncclGetLastError(comm: oxcclComm_t) -> *const c_char = oxcclGetLastError;
+    fn ncclGetLastError / pncclGetLastError(comm: oxcclComm_t) -> *const c_char =
+        differences::last_error;
     /// nccl.h's `ncclMemAlloc`: device memory where the program uses CUDA, as NCCL's.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize)
         -> oxcclResult_t = nccl_mem_alloc;

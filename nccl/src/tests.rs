@@ -22,7 +22,12 @@ fn the_version_is_nccl_s() {
         // SAFETY: NULL is checked.
         assert_eq!(unsafe { get(null_mut()) }, oxcclInvalidArgument);
         // SAFETY: any handle may be passed.
-        assert!(text(unsafe { ncclGetLastError(null_mut()) }).contains("version"));
+        let last = text(unsafe { ncclGetLastError(null_mut()) });
+        // The caller called NCCL's function: the message says so.
+        assert!(last.starts_with("ncclGetVersion: "), "{last}");
+        assert!(last.contains("version"), "{last}");
+        let ours = text(oxccl::oxcclGetLastError(null_mut()));
+        assert!(ours.starts_with("oxcclGetVersion: "), "{ours}");
     }
 }
 

@@ -333,7 +333,7 @@ impl Rendezvous {
     /// Reads the process environment; `Ok(None)` when no launcher's variables are set (a
     /// single process, or a job that will pass a [`super::UniqueId`] instead).
     pub fn from_env() -> Result<Option<Rendezvous>> {
-        Rendezvous::from_vars(|name| std::env::var(name).ok())
+        crate::config::with_env(|get| Rendezvous::from_vars(get))
     }
 
     /// Like [`Rendezvous::from_env`] over any lookup of variables (for tests and embedders).

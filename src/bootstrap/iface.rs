@@ -58,9 +58,8 @@ pub fn interface_ips(spec: &str) -> io::Result<Vec<(String, IpAddr)>> {
 /// 3. else the first address of an interface that is up and not loopback (nor docker);
 /// 4. else the IPv4 loopback address.
 pub fn choose_ip(store: Option<SocketAddr>) -> Result<IpAddr> {
-    let spec = std::env::var(SOCKET_IFNAME)
-        .ok()
-        .filter(|s| !s.trim().is_empty());
+    let spec =
+        crate::config::with_env(|get| Ok(get(SOCKET_IFNAME)))?.filter(|s| !s.trim().is_empty());
     choose_ip_with(spec.as_deref(), store)
 }
 

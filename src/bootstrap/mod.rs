@@ -165,7 +165,14 @@ fn first_missing<'k, K: AsRef<str>>(
 
 /// The error of a wait that ran out, naming the store and the key.
 fn not_set(store: &str, key: &str, waited: std::time::Duration) -> Error {
+    // A wait asked for after the deadline passed (an earlier wait of the same setup took the
+    // time) waits for nothing: "waited 50ns" would mislead.
+    let waited = if waited < std::time::Duration::from_millis(1) {
+        "the deadline had passed when this wait began".to_owned()
+    } else {
+        format!("waited {waited:.1?}")
+    };
     Error::Bootstrap(format!(
-        "{store}: key {key:?} was not set before the deadline (waited {waited:.1?})"
+        "{store}: key {key:?} was not set before the deadline ({waited})"
     ))
 }

@@ -276,12 +276,22 @@ impl Communicator {
             })
             .collect::<Result<_>>()?;
         let mut comms = Vec::with_capacity(n);
-        let mut first_error = None;
+        let mut first_error: Option<Error> = None;
         for h in handles {
             match h.join() {
                 Ok(Ok(c)) => comms.push(c),
                 Ok(Err(e)) => {
-                    first_error.get_or_insert(e);
+                    // A rank that failed for a cause of its own (a socket refused: no file
+                    // descriptors left) left the others waiting for it in the store until the
+                    // deadline: its error, not theirs, says what happened.
+                    let waited =
+                        |e: &Error| matches!(e, Error::Bootstrap(_) | Error::Timeout { .. });
+                    if first_error
+                        .as_ref()
+                        .is_none_or(|f| waited(f) && !waited(&e))
+                    {
+                        first_error = Some(e);
+                    }
                 }
                 Err(_) => {
                     first_error.get_or_insert(Error::Bootstrap(
@@ -385,8 +395,20 @@ impl Communicator {
 
     /// Splits this communicator (MPI_Comm_split): every rank calls it; ranks passing the same
     /// `color` form a new communicator, ordered by `key` and then by their rank here. A rank
-    /// passing `None` joins none and gets `None`.
+    /// passing `None` joins none and gets `None`. The new communicator has this one's
+    /// [`Config`].
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        self.split_with(color, key, self.inner.config.clone())
+    }
+
+    /// [`Communicator::split`], the new communicator made with `config` (a subgroup's own
+    /// timeout, say); the members must pass alike settings, as at any creation.
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: u32,
+        config: Config,
+    ) -> Result<Option<Communicator>> {
         let me = [color.map_or(-1, i64::from), i64::from(key)];
         let mut all = vec![0i64; 2 * self.size()];
         self.all_gather(&me, &mut all)?;
@@ -411,7 +433,7 @@ impl Communicator {
                 ))
             })?;
         let boot = self.inner.boot.child(&format!("split{split}/color{color}"));
-        setup::init(boot, rank, members.len(), self.inner.config.clone()).map(Some)
+        setup::init(boot, rank, members.len(), config).map(Some)
     }
 
     /// A communicator of this one's ranks without those in `exclude` (NCCL's

@@ -130,6 +130,51 @@ fn check_wire(rank: Rank, infos: &[PeerInfo]) -> Result<()> {
     Ok(())
 }
 
+/// Fails if rank `info.rank` was made a member of a communicator of another size (a rank that
+/// publishes none, of an older build, is caught by the wire check).
+fn check_size(rank: Rank, size: usize, info: &PeerInfo) -> Result<()> {
+    let theirs = info
+        .endpoints
+        .iter()
+        .find(|e| e.0 == "size")
+        .and_then(|e| <[u8; 8]>::try_from(e.1.as_slice()).ok())
+        .map(u64::from_le_bytes);
+    match theirs {
+        Some(n) if n != size as u64 => Err(Error::InvalidArgument(format!(
+            "rank {rank}: creation: rank {} was given {n} ranks, this rank {size}: every rank \
+             must pass the same nranks",
+            info.rank
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A wait at creation for what rank `peer` publishes that failed: past the deadline it is a
+/// [`Error::Timeout`] naming the rank that never came (its process did not start or create
+/// the communicator, or was given another unique id); before it, what the store said.
+fn joined_late(
+    e: Error,
+    rank: Rank,
+    size: usize,
+    peer: Rank,
+    deadline: Instant,
+    config: &Config,
+) -> Error {
+    if Instant::now() < deadline {
+        return e;
+    }
+    tracing::debug!(rank, peer, "creation: {e}");
+    Error::Timeout {
+        rank,
+        op: format!(
+            "communicator creation ({size} ranks; a rank that never joins did not start, or was \
+             given another unique id or rank)"
+        ),
+        peer: Some(peer),
+        after: config.timeout,
+    }
+}
+
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
     config.validate()?;
@@ -179,6 +224,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     // Which process this rank is in: ranks of one process share device memory directly.
     endpoints.push(("proc".into(), process_token().to_vec()));
     endpoints.push(("wire".into(), WIRE.to_le_bytes().to_vec()));
+    // The size this rank was given, so that a rank given another one is named at once.
+    endpoints.push(("size".into(), (size as u64).to_le_bytes().to_vec()));
     let me = PeerInfo {
         rank,
         host,
@@ -187,7 +234,9 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     store.set(&format!("peer/{rank}"), &me.encode())?;
     let mut infos = Vec::with_capacity(size);
     for r in 0..size {
-        let bytes = store.get(&format!("peer/{r}"), deadline)?;
+        let bytes = store
+            .get(&format!("peer/{r}"), deadline)
+            .map_err(|e| joined_late(e, rank, size, r, deadline, &config))?;
         let info = PeerInfo::decode(&bytes)
             .filter(|i| i.rank == r)
             .ok_or_else(|| {
@@ -195,6 +244,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                     "rank {rank}: rank {r} published unreadable connection information"
                 ))
             })?;
+        check_size(rank, size, &info)?;
         infos.push(info);
     }
     check_wire(rank, &infos)?;
@@ -483,7 +533,9 @@ fn topology(
         store.set(&format!("topo/{rank}"), &mine)?;
         let mut views = Vec::with_capacity(size);
         for (r, info) in infos.iter().enumerate() {
-            let bytes = store.get(&format!("topo/{r}"), deadline)?;
+            let bytes = store
+                .get(&format!("topo/{r}"), deadline)
+                .map_err(|e| joined_late(e, rank, size, r, deadline, config))?;
             let (host, place): (topo::Host, topo::Place) = serde_json::from_slice(&bytes)
                 .ok()
                 .filter(|(h, _): &(topo::Host, _)| h.id == info.host)

@@ -23,7 +23,12 @@ const MAX_BYTES: usize = 4096;
 pub(super) fn failed(rank: Rank, origin: Rank, text: &str) -> Vec<u8> {
     let mut msg = vec![NOTICE_FAILED];
     msg.extend((origin as u32).to_le_bytes());
-    msg.extend(format!("rank {rank}: {text}").as_bytes());
+    // Most errors name their rank first already: "rank 1: rank 1: ..." says nothing more.
+    let prefix = format!("rank {rank}: ");
+    if !text.starts_with(&prefix) {
+        msg.extend(prefix.as_bytes());
+    }
+    msg.extend(text.as_bytes());
     msg.truncate(MAX_BYTES);
     msg
 }
@@ -93,5 +98,21 @@ mod tests {
         crate::fuzz::run("notice::decode", &seeds, |b| {
             std::hint::black_box(decode(b, (0, 4), 1, "op".into(), "ours".into()));
         });
+    }
+
+    #[test]
+    fn a_notice_names_its_sender_once() {
+        for text in ["it died", "rank 2: all_reduce #3 timed out after 1.0s"] {
+            let e = decode(&failed(2, 2, text), (0, 4), 2, "op".into(), "ours".into());
+            let Error::PeerFailed { peer, cause, .. } = e else {
+                panic!("{e:?}");
+            };
+            assert_eq!(peer, 2);
+            assert_eq!(cause.matches("rank 2: ").count(), 1, "{cause}");
+            assert!(
+                cause.ends_with(text.trim_start_matches("rank 2: ")),
+                "{cause}"
+            );
+        }
     }
 }

@@ -141,6 +141,36 @@ fn a_failed_call_inside_a_group_runs_nothing() {
     destroy(comms);
 }
 
+/// A communicator destroyed (or aborted) inside a group that kept operations on it: the group
+/// runs none of its work, so nothing writes the caller's buffers after the destroy returned.
+#[test]
+fn a_comm_destroyed_inside_a_group_runs_none_of_its_work() {
+    for abort in [false, true] {
+        let comms = init_all(2);
+        let mut bufs = [[1.0f32; 4], [2.0f32; 4]];
+        ok(oxcclGroupStart());
+        for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+            let p = void_mut(b);
+            // SAFETY: the buffer holds 4 floats, untouched until oxcclGroupEnd.
+            ok(unsafe { oxcclAllReduce(p, p, 4, oxcclFloat32, oxcclSum, c.get(), null_mut()) });
+        }
+        for c in &comms {
+            ok(if abort {
+                oxcclCommAbort(c.get())
+            } else {
+                oxcclCommDestroy(c.get())
+            });
+        }
+        let how = if abort { "aborted" } else { "destroyed" };
+        fails(
+            oxcclGroupEnd(),
+            oxcclInvalidUsage,
+            &format!("comm was {how} inside the group"),
+        );
+        assert_eq!(bufs, [[1.0; 4], [2.0; 4]], "{how}");
+    }
+}
+
 /// A call that a group does not keep (a query, here with a NULL out-pointer) fails on its own,
 /// as in NCCL: the group's kept work still runs at `oxcclGroupEnd`.
 #[test]
@@ -685,6 +715,25 @@ fn memory_and_registrations_are_checked() {
         "winFlags",
     );
     ok(oxcclCommWindowDeregister(c, win));
+    // A size larger than the memory mapped there is refused (it would be pinned over rdma):
+    // 1 TiB at our 1 MiB, 1 GiB beyond it (what lies just past an allocation may be mapped
+    // for other uses, which no check can tell from the buffer).
+    for size in [1usize << 40, (1 << 20) + (1 << 30)] {
+        let mut h = null_mut();
+        // SAFETY: `h` is writable; the registration is refused before it reads anything.
+        fails(
+            unsafe { oxcclCommRegister(c, p, size, &mut h) },
+            oxcclInvalidArgument,
+            "are not all memory of this process",
+        );
+        let mut w = null_mut();
+        // SAFETY: as above.
+        fails(
+            unsafe { oxcclCommWindowRegister(c, p, size, &mut w, OXCCL_WIN_COLL_SYMMETRIC) },
+            oxcclInvalidArgument,
+            "are not all memory of this process",
+        );
+    }
     // SAFETY: nothing uses `p` any more; the other frees are refused before touching memory.
     unsafe {
         ok(oxcclMemFree(p));
@@ -844,6 +893,76 @@ fn survivors_shrink_a_failed_communicator_and_go_on() {
     );
 }
 
+/// A split with options makes its communicator with them (here a 0.5 s timeout, where the
+/// parent has the environment's); a bad option fails the split on that rank alone, before it
+/// joins anything.
+#[test]
+fn a_split_with_options_takes_them() {
+    let comms = init_all(2);
+    let mut bad = null_mut();
+    // SAFETY: `bad` is writable; the options string is NUL-terminated.
+    fails(
+        unsafe {
+            oxcclCommSplitOptions(
+                comms[0].get(),
+                0,
+                0,
+                &mut bad,
+                null_mut(),
+                c"OXCCL_TIMEOUT=soon".as_ptr(),
+            )
+        },
+        oxcclInvalidArgument,
+        "OXCCL_TIMEOUT",
+    );
+    let children = std::sync::Mutex::new(vec![Comm(null_mut()); 2]);
+    on_each(&comms, |r, c| {
+        let mut child = null_mut();
+        // SAFETY: `child` is writable; the options string is NUL-terminated.
+        ok(unsafe {
+            oxcclCommSplitOptions(
+                c,
+                0,
+                r as c_int,
+                &mut child,
+                null_mut(),
+                c"OXCCL_TIMEOUT=0.5".as_ptr(),
+            )
+        });
+        children.lock().unwrap()[r] = Comm(child);
+    });
+    let children = children.into_inner().unwrap();
+    // Rank 0 alone: its all-reduce waits for rank 1 for the child's 0.5 s, not the parent's.
+    let mut x = [1.0f32; 4];
+    let p = void_mut(&mut x);
+    let start = std::time::Instant::now();
+    // SAFETY: 4 floats.
+    fails(
+        unsafe {
+            oxcclAllReduce(
+                p,
+                p,
+                4,
+                oxcclFloat32,
+                oxcclSum,
+                children[0].get(),
+                null_mut(),
+            )
+        },
+        oxcclTimeout,
+        "timed out after 500",
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    for c in children {
+        ok(oxcclCommAbort(c.get()));
+    }
+    destroy(comms);
+}
+
 #[test]
 fn options_set_a_communicators_settings_in_place_of_the_environment() {
     let id = unique_id();
@@ -862,9 +981,10 @@ fn options_set_a_communicators_settings_in_place_of_the_environment() {
         (c"OXCCL_TRANSPORTS=pigeon", "pigeon"),
         (
             c"OXCCL_NO_SUCH=1",
-            "OXCCL_NO_SUCH is not a setting of a communicator",
+            "\"OXCCL_NO_SUCH\" is not a setting of a communicator",
         ),
-        (c"PATH=/", "PATH is not a setting"),
+        (c"PATH=/", "\"PATH\" is not a setting"),
+        (c"=5", "\"\" is not a setting"),
     ] {
         fails(create(&mut comm, 1, options), oxcclInvalidArgument, why);
     }

@@ -167,7 +167,12 @@ fn bad_init_arguments_are_invalid_arguments() {
         fails(
             oxcclCommInitAll(&mut comm, c_int::MAX, null()),
             oxcclInvalidArgument,
-            "ndev: 2147483647 is not from 1 to 4096",
+            "ndev: 2147483647 is not from 1 to 256",
+        );
+        fails(
+            oxcclCommInitAll(&mut comm, 257, null()),
+            oxcclInvalidArgument,
+            "ndev: 257 is not from 1 to 256",
         );
         fails(
             oxcclCommInitRank(&mut comm, 2, id, 2),

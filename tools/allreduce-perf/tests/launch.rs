@@ -235,6 +235,27 @@ fn rank_errors_exit_3_on_every_rank() {
     );
 }
 
+/// A setting whose value is not UTF-8 is an error naming it, not taken for unset (which gave
+/// the default quietly: a garbled OXCCL_TIMEOUT became 300 s).
+#[test]
+fn a_setting_that_is_not_utf8_is_an_error_naming_it() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    for var in ["OXCCL_TIMEOUT", "OXCCL_TRANSPORTS", "OXCCL_SOCKET_IFNAME"] {
+        let o = perf()
+            .args(["--ranks", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"])
+            .env(var, OsStr::from_bytes(b"\xff\xfe"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(3), "{var}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("{var}: its value is not valid UTF-8")),
+            "{var}: {}",
+            stderr(&o)
+        );
+    }
+}
+
 #[test]
 fn help_documents_both_meanings_of_op() {
     let o = run(&["--help"]);

@@ -77,6 +77,7 @@ _signatures = {
     "oxcclGetUniqueId": [POINTER(UniqueId)],
     "oxcclCommInitRank": [_comm_p, c_int, UniqueId, c_int],
     "oxcclCommSplit": [c_void_p, c_int, c_int, _comm_p, c_void_p],
+    "oxcclCommSplitOptions": [c_void_p, c_int, c_int, _comm_p, c_void_p, c_char_p],
     "oxcclCommFinalize": [c_void_p],
     "oxcclCommDestroy": [c_void_p],
     "oxcclCommAbort": [c_void_p],
@@ -210,10 +211,13 @@ def peer_failed(comm, peer):
     return bool(failed.value)
 
 
-def split(comm, color, key):
-    """oxcclCommSplit: the new communicator's handle, or None (``color`` < 0: not a member)."""
+def split(comm, color, key, timeout_s=None):
+    """oxcclCommSplitOptions: the new communicator's handle, or None (``color`` < 0: not a
+    member). It has this package's settings with its own timeout (``timeout_s``: a subgroup's
+    own, which may differ from the parent's)."""
     new = c_void_p()
-    code = lib.oxcclCommSplit(comm, color, key, ctypes.byref(new), None)
+    code = lib.oxcclCommSplitOptions(comm, color, key, ctypes.byref(new), None,
+                                     _options(timeout_s))
     check(code, f"CommSplit (color {color}, key {key})", comm)
     return new.value
 

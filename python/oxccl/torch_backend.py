@@ -152,6 +152,9 @@ _BOOL_OPS = {
 _BITWISE = {_RED.BAND, _RED.BOR, _RED.BXOR}
 
 _AllReduce = lib.oxcclAllReduce
+# torch's test of a tensor whose elements share memory (1: they do), which its copy_ refuses
+# to write into.
+_OVERLAP = getattr(torch, "_debug_has_internal_overlap", None)
 
 
 class _Work(dist._Work):
@@ -176,6 +179,12 @@ class _Work(dist._Work):
         if seconds is not None:
             _wait_until(self._fut.done, seconds, self._what, timeout)
         self._fut.wait()
+        chained = self._chained
+        if chained is not None:
+            # torch wakes a future's waiters before it runs the callbacks chained on it: without
+            # this, is_completed() (which asks the chained future) could still say False once
+            # wait() returned.
+            chained.wait()
         return True
 
     def get_future(self):
@@ -886,9 +895,10 @@ class OxcclBackend(*_BASES):
             self._pairs[peer] = pair
             return pair
 
-    def _tensor(self, t, what):
+    def _tensor(self, t, what, written=True):
         """A contiguous CPU tensor with ``t``'s data, its oxccl type, and whether results
-        must be copied back into ``t``."""
+        must be copied back into ``t`` (``written``: the call writes ``t``, which must not
+        have elements that share memory)."""
         if t.device.type != "cpu":
             raise ValueError(
                 f"oxccl {what} on {self._where}: a tensor on {t.device}; oxccl takes CPU "
@@ -905,7 +915,21 @@ class OxcclBackend(*_BASES):
             )
         if base.is_contiguous():
             return base, dtype, False
-        return base.contiguous(), dtype, True
+        if written:
+            self._writable([t], what)
+        return base.contiguous(), dtype, written
+
+    def _writable(self, tensors, what):
+        """Raises ValueError, before anything runs, if a tensor the call writes has elements
+        that share memory (made by expand(), say): the results could not be written back."""
+        for t in tensors:
+            if not t.is_contiguous() and _OVERLAP is not None and _OVERLAP(t) == 1:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: a tensor it writes has elements that "
+                    f"share memory (shape {tuple(t.shape)}, strides {t.stride()}: made by "
+                    "expand()?), where the results cannot all be written; pass one whose "
+                    "elements are distinct (.clone() or .contiguous())"
+                )
 
     def _check_op(self, reduce_op, t, buf, what):
         """Raises ValueError unless ``reduce_op`` applies to ``t`` (prepared as ``buf``).
@@ -1085,7 +1109,7 @@ class OxcclBackend(*_BASES):
         self._root(root, what)
         steps = []
         for t in tensors:
-            buf, dtype, copy = self._tensor(t, what)
+            buf, dtype, copy = self._tensor(t, what, written=self.rank() != root)
             n = buf.numel()
 
             def issue(comm, buf=buf, n=n, dtype=dtype):
@@ -1101,7 +1125,7 @@ class OxcclBackend(*_BASES):
         self._root(root, what)
         steps = []
         for t in tensors:
-            buf, dtype, copy = self._tensor(t, what)
+            buf, dtype, copy = self._tensor(t, what, written=self.rank() == root)
             self._check_op(opts.reduceOp, t, buf, what)
             n = buf.numel()
 
@@ -1145,8 +1169,9 @@ class OxcclBackend(*_BASES):
         return self._run(steps, [o for outs in output_lists for o in outs], opts.asyncOp)
 
     def _gather_list_step(self, outs, inp, what):
-        buf, dtype, _ = self._tensor(inp, what)
+        buf, dtype, _ = self._tensor(inp, what, written=False)
         self._same(outs, inp, self.size(), what)
+        self._writable(outs, what)
         n = buf.numel()
         flat = torch.empty((self.size(),) + tuple(buf.shape), dtype=buf.dtype)
 
@@ -1176,7 +1201,7 @@ class OxcclBackend(*_BASES):
         return self._run(steps, outputs, opts.asyncOp)
 
     def _all_gather_single_step(self, output, input, what):
-        buf, dtype, _ = self._tensor(input, what)
+        buf, dtype, _ = self._tensor(input, what, written=False)
         out, odtype, copy = self._tensor(output, what)
         self._sizes(out, buf, self.size(), what, odtype, dtype)
         n = buf.numel()
@@ -1192,10 +1217,40 @@ class OxcclBackend(*_BASES):
         what = "reduce_scatter"
         steps = []
         for out_t, ins in zip(outputs, input_lists, strict=True):
+            if len(ins) == self.size() and any(x.numel() != out_t.numel() for x in ins):
+                steps.append(self._reduce_scatter_uneven_step(out_t, ins, opts.reduceOp, what))
+                continue
             self._same(ins, out_t, self.size(), what)
-            flat = torch.cat([self._tensor(x, what)[0].reshape(-1) for x in ins])
+            flat = torch.cat(
+                [self._tensor(x, what, written=False)[0].reshape(-1) for x in ins]
+            )
             steps.append(self._reduce_scatter_step(out_t, flat, opts.reduceOp, what))
         return self._run(steps, outputs, opts.asyncOp)
+
+    def _reduce_scatter_uneven_step(self, out_t, ins, reduce_op, what):
+        """A reduce_scatter whose list tensors differ in size (rank i's output as large as
+        every rank's tensor i), as Gloo allows: the concatenation is all-reduced and each rank
+        keeps its part. That moves about twice what a reduce-scatter would; such lists are
+        rare. Ranks whose lists differ fail as a mismatch of the all-reduce."""
+        me = self.rank()
+        for i, x in enumerate(ins):
+            if x.dtype != out_t.dtype:
+                raise ValueError(
+                    f"oxccl {what} on {self._where}: list tensor {i} is {x.dtype}, the output "
+                    f"{out_t.dtype}"
+                )
+        if ins[me].numel() != out_t.numel():
+            raise ValueError(
+                f"oxccl {what} on {self._where}: an output of {out_t.numel()} elements, but "
+                f"list tensor {me} (this rank's part) has {ins[me].numel()}"
+            )
+        self._writable([out_t], what)
+        parts = [self._tensor(x, what, written=False)[0].reshape(-1) for x in ins]
+        start = sum(p.numel() for p in parts[:me])
+        flat = torch.cat(parts)
+        mine = flat[start : start + parts[me].numel()]
+        step = self._allreduce_step(flat, reduce_op, what)
+        return _Step(what, step.issue, lambda: out_t.copy_(self._as(mine, out_t)))
 
     def reduce_scatter_single(self, output, input, opts):
         return self._run(
@@ -1212,7 +1267,7 @@ class OxcclBackend(*_BASES):
         return self._run(steps, outputs, opts.asyncOp)
 
     def _reduce_scatter_step(self, output, input, reduce_op, what):
-        buf, dtype, _ = self._tensor(input, what)
+        buf, dtype, _ = self._tensor(input, what, written=False)
         out, odtype, copy = self._tensor(output, what)
         self._sizes(buf, out, self.size(), what, dtype, odtype)
         self._check_op(reduce_op, output, buf, what)
@@ -1236,7 +1291,7 @@ class OxcclBackend(*_BASES):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
         what = "all_to_all_single"
         n = self.size()
-        buf, dtype, _ = self._tensor(input, what)
+        buf, dtype, _ = self._tensor(input, what, written=False)
         out, odtype, copy = self._tensor(output, what)
         if dtype != odtype:
             raise ValueError(
@@ -1309,7 +1364,7 @@ class OxcclBackend(*_BASES):
             )
         steps = []
         for peer in range(n):
-            b, dt, _ = self._tensor(inputs[peer], what)
+            b, dt, _ = self._tensor(inputs[peer], what, written=False)
             o, odt, copy = self._tensor(outputs[peer], what)
             if dt != odt:
                 raise ValueError(f"oxccl {what} on {self._where}: mixed dtypes")
@@ -1328,7 +1383,7 @@ class OxcclBackend(*_BASES):
         root = opts.rootRank
         self._root(root, what)
         (inp,) = inputs
-        buf, dtype, _ = self._tensor(inp, what)
+        buf, dtype, _ = self._tensor(inp, what, written=False)
         n = buf.numel()
         me = self.rank()
         if me == root:
@@ -1336,6 +1391,7 @@ class OxcclBackend(*_BASES):
                 raise ValueError(f"oxccl {what} on {self._where}: the root needs one output list")
             outs = output_lists[0]
             self._same(outs, inp, self.size(), what)
+            self._writable(outs, what)
             flat = torch.empty((self.size(),) + tuple(buf.shape), dtype=buf.dtype)
 
             def finish():
@@ -1363,7 +1419,9 @@ class OxcclBackend(*_BASES):
             if len(input_lists) != 1:
                 raise ValueError(f"oxccl {what} on {self._where}: the root needs one input list")
             self._same(input_lists[0], out_t, self.size(), what)
-            flat = torch.cat([self._tensor(x, what)[0].reshape(-1) for x in input_lists[0]])
+            flat = torch.cat(
+                [self._tensor(x, what, written=False)[0].reshape(-1) for x in input_lists[0]]
+            )
         else:
             flat = None
 
@@ -1382,7 +1440,7 @@ class OxcclBackend(*_BASES):
         self._peer(dst, what)
         messages = []
         for t in tensors:
-            buf, dtype, _ = self._tensor(t, what)
+            buf, dtype, _ = self._tensor(t, what, written=False)
             messages.append((buf, dtype, None))
         return self._p2p(True, dst, messages, tensors, what, tag)
 
@@ -1465,7 +1523,9 @@ class OxcclBackend(*_BASES):
         """torch's monitored_barrier, through the group's store: every rank checks in; rank 0
         waits for the others until ``opts.timeout`` and then lets them go, or raises naming
         the ranks that did not come (the first one only, unless ``wait_all_ranks``); the
-        others wait as long for rank 0's word."""
+        others wait as long for rank 0's word, which says whether it gave up (a rank that
+        comes after that is told at once). Each barrier that every rank reached deletes its
+        keys and the previous one's from the store."""
         what = "monitored_barrier"
         self._drain()
         timeout = opts.timeout
@@ -1478,11 +1538,17 @@ class OxcclBackend(*_BASES):
             store.set(f"{base}/{me}", "1")
             try:
                 store.wait([f"{base}/go"], timeout)
+                go = store.get(f"{base}/go")
             except Exception as e:  # noqa: BLE001 - the store's timeout, said plainly
                 raise dist.DistBackendError(
                     f"oxccl {what} on {self._where}: rank 0 did not let this rank go within "
                     f"{timeout} (rank 0 names the ranks that did not come)"
                 ) from e
+            if go != b"1":
+                raise dist.DistBackendError(
+                    f"oxccl {what} on {self._where}: rank 0 gave up waiting for ranks that did "
+                    f"not come within {timeout}: {go.decode(errors='replace')}"
+                )
             return
         keys = [f"{base}/{r}" for r in range(1, n)]
         try:
@@ -1493,11 +1559,22 @@ class OxcclBackend(*_BASES):
             if missing:
                 shown = missing if wait_all_ranks else missing[:1]
                 names = ", ".join(f"{r} (global {self._global_ranks[r]})" for r in shown)
+                # Ranks that come later learn it at once instead of waiting out their timeout.
+                store.set(f"{base}/go", f"rank(s) {names} did not reach the barrier")
                 raise dist.DistBackendError(
                     f"oxccl {what} on {self._where}: rank(s) {names} did not reach the barrier "
                     f"within {timeout}"
                 ) from None
         store.set(f"{base}/go", "1")
+        # Every rank came, so every rank has passed the barrier before this one: its keys go
+        # (the group's store would otherwise keep n keys per barrier for the job's life).
+        try:
+            for key in keys:
+                store.delete_key(key)
+            if self._monitored > 1:
+                store.delete_key(f"oxccl/monitored_barrier/{self._monitored - 1}/go")
+        except Exception:  # noqa: BLE001 - a store that cannot delete keeps them, harmlessly
+            pass
 
     # -- coalescing (batch_isend_irecv, the coalescing manager) --
 
@@ -1541,7 +1618,8 @@ class OxcclBackend(*_BASES):
         else:
             color, key = -1, 0
         self._drain()
-        comm = _lib.split(self._live("split"), color, key)
+        own = _timeout_seconds(timeout or self._options._timeout)
+        comm = _lib.split(self._live("split"), color, key, own)
         if comm is None:
             # The answer for a rank in none of the new groups would be None, but torch 2.15's
             # trampoline for a Python backend's split dereferences what it gets (a crash on
@@ -1568,7 +1646,7 @@ class OxcclBackend(*_BASES):
 
     def perform_nocolor_split(self, _device=None):
         self._drain()
-        _lib.split(self._live("split"), -1, 0)
+        _lib.split(self._live("split"), -1, 0, self._timeout_s)
 
     def _drain(self):
         if self._queued:

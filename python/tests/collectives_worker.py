@@ -669,6 +669,67 @@ def reduce_scatter(ctx):
             compare(ctx, label, run, dtype, expected=expected)
 
 
+@case(worlds=(2, 3))
+def overlapping_tensors(ctx):
+    # A tensor whose elements share memory (expand()): read, it works as on Gloo; written,
+    # it is refused before anything runs, naming the call (its results could not be written
+    # back: torch's copy_ refused, after the collective had run), and the group goes on.
+    r, n = ctx.rank, ctx.world
+    t = torch.full((1,), float(r + 1)).expand(4)
+    for what, call in (
+        ("all_reduce", lambda: dist.all_reduce(t, group=ctx.ox)),
+        ("all_gather", lambda: dist.all_gather([t] * n, torch.ones(4), group=ctx.ox)),
+        ("recv from 0" if r else "send to 1",
+         (lambda: dist.recv(t, src=0, group=ctx.ox)) if r else (lambda: None)),
+    ):
+        if r == 0 and what.startswith("send"):
+            continue
+        ctx.expect_error(
+            f"{what} into an expanded tensor",
+            call,
+            ctx.where(what),
+            "share memory",
+            types=(ValueError,),
+        )
+    out = [torch.zeros(4) for _ in range(n)]
+    dist.all_gather(out, t, group=ctx.ox)
+    ctx.same(out, [torch.full((4,), float(i + 1)) for i in range(n)], "all_gather of it")
+    x = t if r == 0 else torch.zeros(4)
+    dist.broadcast(x, src=0, group=ctx.ox)  # the root only reads it
+    if r:
+        ctx.same(x, torch.ones(4), "broadcast of it")
+    y = torch.ones(4)
+    dist.all_reduce(y, group=ctx.ox)
+    ctx.same(y, torch.full((4,), float(n)), "all_reduce after the refused calls")
+
+
+@case(worlds=(2, 3, 4))
+def reduce_scatter_uneven(ctx):
+    # List tensors of different sizes (rank i's output as large as every rank's tensor i),
+    # which Gloo takes: oxccl all-reduces the concatenation and keeps its part.
+    n = ctx.world
+    for dtype, op in ((torch.float32, RO.SUM), (torch.int64, RO.MAX), (torch.float64, RO.PRODUCT)):
+
+        def run(group, async_op, d, dtype=dtype, op=op):
+            r, k = group.rank(), kind_of(op)
+            ins = [d(values(dtype, (i + 1, 3), r, ("rsu", i), k)) for i in range(n)]
+            out = torch.zeros((r + 1, 3), dtype=d.out)
+            w = dist.reduce_scatter(out, ins, op=torch_op(op, dtype), group=group,
+                                    async_op=async_op)
+            return w, [out], out
+
+        compare(ctx, f"reduce_scatter uneven {op_name(op)}", run, dtype)
+    if ctx.rank == 0:
+        ctx.expect_error(
+            "reduce_scatter uneven, output not this rank's size",
+            lambda: dist.reduce_scatter(
+                torch.zeros(5), [torch.ones(i + 1) for i in range(n)], group=ctx.ox
+            ),
+            "list tensor 0 (this rank's part) has 1",
+            types=(ValueError,),
+        )
+
+
 @case()
 def reduce_scatter_tensor(ctx):
     # Also reduce_scatter_single (its 2.15 name, here with the stacked layout) and the
@@ -1118,6 +1179,22 @@ def p2p_around_collectives(ctx):
             compare(ctx, f"{what} of {elems * 4} B", run, torch.float32, asyncs=(False,))
 
 
+@case(worlds=(2, 3))
+def is_completed_after_wait(ctx):
+    # Poll, then wait: is_completed() must be True once wait() returned (oxccl's said False
+    # in about two runs of three: torch wakes a future's waiters before its chained
+    # callbacks run, and is_completed asks the chained future).
+    late = 0
+    for i in range(200):
+        for size in (4, 1 << 18):
+            x = torch.full((size,), float(ctx.rank + i))
+            w = dist.all_reduce(x, group=ctx.ox, async_op=True)
+            w.is_completed()
+            w.wait()
+            late += not w.is_completed()
+    ctx.check(late == 0, "is_completed() after wait()", f"False in {late} of 400 calls")
+
+
 @case(worlds=(2, 3, 4))
 def work_wait_timeout(ctx):
     # Work.wait(timeout): raises once the timeout passes with the operation unfinished (rank 1
@@ -1379,13 +1456,28 @@ def monitored_barrier(ctx):
             named = [f"{a} (global {a})" for a in (absent if wait_all else absent[:1])]
             needles = (ctx.where("monitored_barrier", g), "did not reach the barrier", *named)
         else:
-            needles = (ctx.where("monitored_barrier", g), "rank 0 did not let this rank go")
+            # Rank 0's word that it gave up, or its silence, whichever comes first.
+            needles = (ctx.where("monitored_barrier", g), "rank 0 ")
         ctx.expect_error(
             f"monitored_barrier without rank(s) {absent}, wait_all_ranks={wait_all}",
             lambda: dist.monitored_barrier(group=g, timeout=short, wait_all_ranks=wait_all),
             *needles,
             types=(dist.DistBackendError,),
         )
+    else:
+        # Late, after rank 0 gave up: told so at once, not after its own 30 s.
+        time.sleep(1.5)
+        start = time.monotonic()
+        ctx.expect_error(
+            "monitored_barrier reached after rank 0 gave up",
+            lambda: dist.monitored_barrier(group=g, timeout=datetime.timedelta(seconds=30)),
+            ctx.where("monitored_barrier", g),
+            "rank 0 gave up waiting",
+            "did not reach the barrier",
+            types=(dist.DistBackendError,),
+        )
+        took = time.monotonic() - start
+        ctx.check(took < 10, "monitored_barrier reached late", f"raised after {took:.1f} s")
     dist.barrier(group=ctx.gloo)
     dist.destroy_process_group(g)
 
@@ -1494,11 +1586,44 @@ def split_group(ctx):
     ctx.check(calls == want, "split_group", f"expected oxcclCommSplit calls {want}, saw {calls}")
     if mine is None:
         ctx.check(sub_gloo == dist.GroupMember.NON_GROUP_MEMBER, "split_group", "gloo: a group")
+        dist.barrier(group=ctx.gloo)
+        ctx.expect_error(
+            "split_group(timeout=1 s) on a rank in none of the groups",
+            lambda: dist.split_group(
+                parent_pg=ctx.ox, split_ranks=groups, timeout=datetime.timedelta(seconds=1)
+            ),
+            "this rank is in none of the new groups",
+            types=(dist.DistBackendError,),
+        )
         return
     ctx.check(is_oxccl(sub_ox), "split_group", dist.get_backend(sub_ox))
     ctx.check(sub_ox.size() == len(mine), "split_group", f"size {sub_ox.size()}")
     ctx.check(sub_ox.rank() == mine.index(ctx.rank), "split_group", f"rank {sub_ox.rank()}")
     subgroup_checks(ctx, sub_ox, sub_gloo, f"split_group({mine})")
+    # The split group's own timeout, not the parent's (it kept the parent's before): its
+    # second member joins an all_reduce 2.5 s late, the first gives up after 1 s.
+    dist.barrier(group=ctx.gloo)
+    short = dist.split_group(
+        parent_pg=ctx.ox, split_ranks=groups, timeout=datetime.timedelta(seconds=1)
+    )
+    x = torch.ones(4)
+    if mine.index(ctx.rank) == 0:
+        start = time.monotonic()
+        ctx.expect_error(
+            "split_group(timeout=1 s): a member 2.5 s late",
+            lambda: dist.all_reduce(x, group=short),
+            "timed out after 1.0s",
+            types=(dist.DistBackendError,),
+        )
+        took = time.monotonic() - start
+        ctx.check(took < 2.4, "split_group(timeout=1 s)", f"raised after {took:.1f} s")
+    else:
+        time.sleep(2.5)
+        try:  # fails too (its peer gave up): only the first member's error is checked
+            dist.all_reduce(x, group=short)
+        except dist.DistBackendError:
+            pass
+    dist.destroy_process_group(short)
 
 
 @case(modes=() if LEGACY else ("oxccl",), worlds=(4,))
@@ -1885,9 +2010,9 @@ def count_splits():
 
     original = _lib.split
 
-    def split(comm, color, key):
+    def split(comm, color, key, timeout_s=None):
         split.calls.append((color, key))
-        return original(comm, color, key)
+        return original(comm, color, key, timeout_s)
 
     split.calls = []
     _lib.split = split

@@ -76,6 +76,40 @@ fn mismatched_collectives_fail_fast_on_both_ranks() {
     }
 }
 
+/// A message larger than the receive its peer posted, over each transport between processes'
+/// ranks: the receiver finds the mismatch, and the sender — blocked on data the receiver will
+/// never read — hears of it at once from the receiver's notice (it waited for its deadline:
+/// the receiver's link refused to carry the notice once the message had broken its protocol).
+#[test]
+fn a_message_larger_than_the_receive_fails_both_ranks_fast() {
+    for transport in ["tcp", "shm"] {
+        let config = Config::default()
+            .transports(TransportFilter::only(&[transport]))
+            .timeout(Duration::from_secs(30));
+        let comms = Communicator::init_local(2, config).expect("init");
+        let results = on_each(&comms, |c| {
+            if c.rank() == 0 {
+                c.send(&vec![1.0f32; 1 << 20], 1)
+            } else {
+                c.recv(&mut [0.0f32; 4], 0)
+            }
+        });
+        for (r, (res, took)) in results.iter().enumerate() {
+            match res {
+                Err(e @ Error::Mismatch { rank, peer, .. }) => {
+                    assert_eq!((*rank, *peer), (r, 1 - r), "{transport}: {e}");
+                    assert!(e.to_string().contains("4194304 B"), "{transport}: {e}");
+                }
+                other => panic!("{transport}: rank {r}: expected a mismatch, got {other:?}"),
+            }
+            assert!(
+                *took < Duration::from_secs(5),
+                "{transport}: rank {r} took {took:?} to notice"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_rank_that_never_calls_times_out_the_others() {
     let deadline = Duration::from_millis(800);

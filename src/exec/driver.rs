@@ -997,7 +997,11 @@ impl Engine {
                 break;
             }
             if let Err(e) = self.handle(*peer, c) {
-                self.fail_with(e);
+                if matches!(c, Completion::Control(_)) {
+                    self.fail_told_by(*peer, e);
+                } else {
+                    self.fail_with(e);
+                }
             }
         }
         self.completions = completions;
@@ -1193,6 +1197,19 @@ impl Engine {
         let origin = match &e {
             Error::PeerFailed { peer, .. } => *peer,
             _ => self.rank,
+        };
+        let why = e.to_string();
+        self.fail(Some(e), why.clone(), Some((origin, why)));
+    }
+
+    /// Fails on `peer`'s notice (`e`, what it says): the root of the failure is the rank it
+    /// names failed, or `peer` itself (a mismatch it found), which knows already — this
+    /// rank's own notice to it is not waited for (its socket may be full of data it will
+    /// never read now).
+    fn fail_told_by(&mut self, peer: Rank, e: Error) {
+        let origin = match &e {
+            Error::PeerFailed { peer: p, .. } => *p,
+            _ => peer,
         };
         let why = e.to_string();
         self.fail(Some(e), why.clone(), Some((origin, why)));

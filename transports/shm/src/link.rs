@@ -530,9 +530,16 @@ impl Link for ShmLink {
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         if let Some(what) = &self.broken {
+            let what = what.clone();
+            // What the peer sent broke the protocol; the socket still carries notices this
+            // side posts since (why its call failed), which the peer waits for otherwise.
+            if !self.control_out.is_empty() {
+                let mut ignored = Vec::new();
+                self.socket(&mut ignored);
+            }
             return Err(TransportError::Protocol {
                 peer: self.peer,
-                what: what.clone(),
+                what,
             });
         }
         self.publish(out);

@@ -191,8 +191,12 @@ impl Link for TcpLink {
         if bytes.len() > MAX_CONTROL {
             return Err(self.too_long("control message", bytes.len(), MAX_CONTROL));
         }
-        if let Some(b) = &self.broken {
-            return Err(b.error(self.peer));
+        match &self.broken {
+            // What the peer sent broke the protocol: the other connection, which carries what
+            // this side says, still takes a notice of why this side's call failed (the peer
+            // otherwise waits for this rank until its deadline).
+            None | Some(Broken::Protocol(_)) => {}
+            Some(b) => return Err(b.error(self.peer)),
         }
         self.outbox.push_control(bytes);
         Ok(())
@@ -207,6 +211,11 @@ impl Link for TcpLink {
             && let Err(b) = self.poll_inner(out)
         {
             self.broken = Some(b);
+        }
+        if matches!(self.broken, Some(Broken::Protocol(_))) && self.outbox.controls_pending() {
+            // Notices posted since (see post_control) go out; a failure here leaves them.
+            let mut sent = Vec::new();
+            let _ = self.outbox.flush(&self.tx, &mut sent);
         }
         match &self.broken {
             Some(b) => Err(b.error(self.peer)),

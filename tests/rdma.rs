@@ -2,7 +2,7 @@
 //! sizes 0 to 65537, every collective and point-to-point, each checked against results every
 //! rank computes itself) on 2 and 4 ranks forced onto `OXCCL_TRANSPORTS=rdma`, and a rank
 //! killed mid-collective failing the others within 2 s with heartbeats off (so the transport
-//! alone notices).
+//! alone notices), and a message larger than its receive failing both ranks at once.
 //!
 //! They need an active RDMA device: CI runs them inside the Soft-RoCE VM
 //! (tools/rxe-vm/run-rxe-vm.sh, see .ci/run), where `OXCCL_REQUIRE_RDMA=1` makes a missing
@@ -12,6 +12,8 @@ mod util;
 
 use std::time::{Duration, Instant};
 
+use oxccl::config::TransportFilter;
+use oxccl::{Communicator, Config, Error};
 use util::procs;
 
 /// Why RDMA cannot be tested here, if it cannot.
@@ -120,4 +122,38 @@ fn a_killed_rank_fails_the_others_within_2_s_over_rdma() {
         assert_eq!(rank.child.wait().expect("wait").code(), Some(2), "rank {r}");
     }
     let _ = ranks[1].child.wait();
+}
+
+/// A message larger than the receive its peer posted: the receiver finds the mismatch, and its
+/// notice reaches the sender over the link's side connection although the message broke the
+/// link's protocol (the sender, whose data nobody will read, waited for its deadline before).
+#[test]
+fn a_message_larger_than_the_receive_fails_both_ranks_fast_over_rdma() {
+    if unavailable().is_some() {
+        return;
+    }
+    let config = Config::default()
+        .transports(TransportFilter::only(&["rdma"]))
+        .timeout(Duration::from_secs(60));
+    let comms = Communicator::init_local(2, config).expect("init over rdma");
+    let results = procs::on_each(&comms, |c| {
+        if c.rank() == 0 {
+            c.send(&vec![1.0f32; 1 << 20], 1)
+        } else {
+            c.recv(&mut [0.0f32; 4], 0)
+        }
+    });
+    for (r, (res, took)) in results.iter().enumerate() {
+        match res {
+            Err(e @ Error::Mismatch { rank, peer, .. }) => {
+                assert_eq!((*rank, *peer), (r, 1 - r), "{e}");
+            }
+            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+        }
+        assert!(
+            *took < Duration::from_secs(20),
+            "rank {r} took {took:?} to notice"
+        );
+        println!("rank {r} failed with the mismatch over rdma after {took:?}");
+    }
 }

@@ -817,8 +817,11 @@ impl Link for RdmaLink {
     }
 
     fn post_control(&mut self, bytes: &[u8]) -> Result<()> {
-        if let Some(b) = &self.broken {
-            return Err(self.error(b));
+        match &self.broken {
+            // What the peer sent broke the protocol: the side connection still takes a notice
+            // of why this side's call failed (the peer otherwise waits until its deadline).
+            None | Some(Broken::Protocol(_)) => {}
+            Some(b) => return Err(self.error(b)),
         }
         self.side.post_control(bytes)
     }
@@ -857,6 +860,11 @@ impl Link for RdmaLink {
         {
             tracing::debug!(peer = self.peer, "rdma: link broken: {b:?}");
             self.broken = Some(b);
+        }
+        if matches!(self.broken, Some(Broken::Protocol(_))) && self.side.control_pending() {
+            // Notices posted since (see post_control) go out over the side connection.
+            let mut ignored = Vec::new();
+            let _ = self.side.poll(&mut ignored);
         }
         match &self.broken {
             Some(b) => Err(self.error(b)),

@@ -988,11 +988,34 @@ class OxcclBackend(*_BASES):
         if not async_op and self._queued == 0:
             self._execute(steps)
             return _done(result)
+        if threading.current_thread() is self._worker:
+            return self._run_in_callback(steps, result, async_op)
         fut = torch.futures.Future()
         self._submit(steps, result, fut)
         if not async_op:
             fut.wait()
         return _Work(fut, f"{' + '.join(sorted({s.what for s in steps}))} on {self._where}")
+
+    def _run_in_callback(self, steps, result, async_op):
+        """A call made by a callback of one of this group's futures, which the worker runs
+        as it completes that future (torch runs ``then`` callbacks in the thread that sets
+        the result): it runs here and now. Queued, it would wait behind the worker that runs
+        the callback waiting for it — DDP's PowerSGD and quantization hooks wait inside their
+        callbacks, and hung for good. Every rank runs it at the same point of the group's
+        order: right after the operation whose future it hangs from, before the next one
+        queued."""
+        if not async_op:
+            self._execute(steps)
+            return _done(result)
+        fut = torch.futures.Future()
+        what = f"{' + '.join(sorted({s.what for s in steps}))} on {self._where}"
+        try:
+            self._execute(steps)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits, as queued ones
+            fut.set_exception(e)
+        else:
+            fut.set_result(result)
+        return _Work(fut, what)
 
     def _execute(self, steps):
         comm = self._live(steps[0].what)
@@ -1649,7 +1672,9 @@ class OxcclBackend(*_BASES):
         _lib.split(self._live("split"), -1, 0, self._timeout_s)
 
     def _drain(self):
-        if self._queued:
+        # On the worker (a future's callback) everything before this call in the group's
+        # order is done; waiting for the queue would wait for itself.
+        if self._queued and threading.current_thread() is not self._worker:
             fut = torch.futures.Future()
             self._submit([], None, fut)
             fut.wait()
@@ -1751,6 +1776,16 @@ if not _SUBCLASSABLE:
 def _create(opts, backend_options):
     """torch's creator (extended API): a split of the parent when torch offers one, else a new
     communicator through the group's store."""
+    if _SUBCLASSABLE and dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        # torch wraps each backend in its ProcessGroupWrapper then, which asks the backend
+        # its name through a C++ call a Python backend cannot answer: every collective failed
+        # with torch's "getBackendName is not implemented" INTERNAL ASSERT.
+        raise ValueError(
+            "oxccl does not run under TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps the backend "
+            "in its ProcessGroupWrapper, which cannot ask a Python backend its name. Use INFO "
+            "or OFF (oxccl checks that every rank's call matches by itself: a mismatch raises "
+            "naming both calls)."
+        )
     if backend_options is None:
         backend_options = _C10dBackend.Options(NAME, timeout=opts.timeout)
     # torch 2.11 has no split_from (seen on a GPU machine, 2026-11-27): then every group is a

@@ -1180,6 +1180,47 @@ def p2p_around_collectives(ctx):
 
 
 @case(worlds=(2, 3))
+def collectives_in_callbacks(ctx):
+    # A future's callback that makes calls on the group and waits for them, as DDP's PowerSGD
+    # and quantization hooks do: oxccl's group hung for good (the callback ran on the group's
+    # worker, and its calls queued behind it). Async and sync calls, a barrier, and a nested
+    # callback; then the group goes on. Bounded: the outer future must be done within 30 s.
+    r, n = ctx.rank, ctx.world
+    total = n * (n + 1) / 2
+    seen = {}
+
+    def inner(f):
+        seen["nested"] = f.value()[0].clone()
+        return f.value()
+
+    def callback(f):
+        a = torch.full((4,), float(r + 1))
+        dist.all_reduce(a, group=ctx.ox, async_op=True).get_future().wait()
+        b = torch.full((4,), float(r + 1))
+        dist.all_reduce(b, group=ctx.ox)
+        dist.barrier(group=ctx.ox)
+        c = torch.full((4,), float(r + 1))
+        dist.all_reduce(c, group=ctx.ox, async_op=True).get_future().then(inner).wait()
+        return [f.value()[0], a, b, c]
+
+    if r == 1:
+        time.sleep(0.3)  # rank 0's future completes after its callback is attached
+    x = torch.full((4,), float(r + 1))
+    fut = dist.all_reduce(x, group=ctx.ox, async_op=True).get_future().then(callback)
+    deadline = time.monotonic() + 30
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not ctx.check(fut.done(), "collectives in a callback", "not done within 30 s"):
+        os._exit(3)  # the group's worker is stuck: nothing more can run
+    for i, t in enumerate(fut.value()):
+        ctx.same(t, torch.full((4,), total), f"collectives in a callback: result {i}")
+    ctx.same(seen.get("nested"), torch.full((4,), total), "nested callback")
+    y = torch.ones(4)
+    dist.all_reduce(y, group=ctx.ox)
+    ctx.same(y, torch.full((4,), float(n)), "all_reduce after the callbacks")
+
+
+@case(worlds=(2, 3))
 def is_completed_after_wait(ctx):
     # Poll, then wait: is_completed() must be True once wait() returned (oxccl's said False
     # in about two runs of three: torch wakes a future's waiters before its chained

@@ -65,7 +65,18 @@ def train_ddp(model_cls, hook, rank, exact=False):
     if exact:
         exact_gradients(model)
     ddp = DDP(model, find_unused_parameters=model_cls is WithUnused)
-    if hook:
+    if hook == "powersgd":
+        # Its callbacks start all-reduces and wait for them (oxccl's group hung on that).
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=1,
+            start_powerSGD_iter=2,
+            min_compression_rate=0.5,
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook:
         ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     for step in range(STEPS):
@@ -169,6 +180,7 @@ def main():
             for exact in (False, True):
                 name = f"ddp/{model_cls.__name__}/hook={hook}" + ("/exact" if exact else "")
                 results[name] = train_ddp(model_cls, hook, rank, exact)
+    results["ddp/WithBuffer/powersgd"] = train_ddp(WithBuffer, "powersgd", rank)
     if a.fsdp:
         results["fsdp2"] = train_fsdp(rank)
     results["pipeline/1f1b/exact"] = train_pipeline(rank, dist.get_world_size())

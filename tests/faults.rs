@@ -148,6 +148,35 @@ fn a_rank_that_never_calls_times_out_the_others() {
     }
 }
 
+/// A send that times out because its peer takes nothing (its socket full of the message)
+/// returns at its deadline: the failure notice to that peer, which cannot go either, is not
+/// waited for (the call returned up to 2 s later).
+#[test]
+fn a_send_to_a_peer_that_reads_nothing_returns_at_its_deadline() {
+    let deadline = Duration::from_secs(2);
+    let comms = tcp(2, deadline);
+    let results = on_each(&comms, |c| {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(6));
+            return Ok(());
+        }
+        c.send(&vec![1.0f32; 16 << 20], 1)
+    });
+    let (res, took) = &results[0];
+    match res {
+        Err(Error::Timeout {
+            rank: 0,
+            peer: Some(1),
+            ..
+        }) => {}
+        other => panic!("expected a timeout naming rank 1, got {other:?}"),
+    }
+    assert!(
+        *took >= deadline.mul_f32(0.9) && *took < deadline + Duration::from_millis(1500),
+        "took {took:?}"
+    );
+}
+
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
     let comms = tcp(2, Duration::from_secs(60));

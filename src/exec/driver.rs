@@ -1246,6 +1246,13 @@ impl Engine {
             let msg = notice::failed(self.rank, origin, &text);
             let mut sink = Vec::new();
             let mut pending: Vec<usize> = Vec::new();
+            // Nor is the peer this rank timed out waiting for: it is not reading either (the
+            // call returned up to NOTICE_FLUSH past its deadline where that peer's socket was
+            // full).
+            let silent = match &error {
+                Some(Error::Timeout { peer: Some(p), .. }) => Some(*p),
+                _ => None,
+            };
             for (peer, link) in self.links.iter_mut().enumerate() {
                 // The rank at the root of the failure (dead, stopped, unreachable) is told too
                 // if its link takes it, but not waited for: a stopped peer whose socket is full
@@ -1253,6 +1260,7 @@ impl Engine {
                 if let Some(link) = link
                     && link.post_control(&msg).is_ok()
                     && peer != origin
+                    && Some(peer) != silent
                 {
                     pending.push(peer);
                 }

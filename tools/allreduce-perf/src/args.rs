@@ -44,9 +44,14 @@ an unavailable feature, 3 when a rank fails.";
 
 /// oxccl's benchmark: nccl-tests' flags and table for every collective.
 #[derive(Debug, Parser)]
-#[command(name = "allreduce-perf", version, after_long_help = AFTER_HELP,
+#[command(name = "allreduce-perf", version, disable_version_flag = true,
+          after_long_help = AFTER_HELP,
           after_help = "--op also takes a collective name (allgather, broadcast, ...); see --help.")]
 pub struct Cli {
+    /// Print the version and exit (long form only: -V is nccl-tests' device_cta_count).
+    #[arg(long, action = ArgAction::Version)]
+    pub version: Option<bool>,
+
     /// Smallest size in bytes.
     #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "8",
           value_parser = parse_size)]
@@ -143,7 +148,8 @@ pub struct Cli {
     pub transport: Option<String>,
 
     /// Repeat the timed loop N times and report the median of the repeats' mean times
-    /// (out-of-place and in-place repeats alternate, in pairs whose order turns).
+    /// (out-of-place and in-place repeats alternate, in pairs whose order turns). Not
+    /// nccl-tests' -R (local_register): that is --register here.
     #[arg(short = 'R', long = "repeats", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub repeats: u64,
@@ -211,6 +217,90 @@ pub struct Cli {
     #[arg(long = "buffer-offset", value_name = "BYTES[,BYTES...]", default_value = "0",
           value_parser = parse_buffer_offsets)]
     pub buffer_offset: Offsets,
+
+    /// nccl-tests' threads per process: 1 only (ranks are processes here: --ranks).
+    #[arg(short = 't', long = "nthreads", value_name = "1", help_heading = NCCL_TESTS)]
+    pub nthreads: Option<u64>,
+
+    /// nccl-tests' GPUs per thread: 1 only (one device per rank).
+    #[arg(short = 'g', long = "ngpus", value_name = "1", help_heading = NCCL_TESTS)]
+    pub ngpus: Option<u64>,
+
+    /// nccl-tests' aggregated iterations: 1 only (every call is timed on its own).
+    #[arg(short = 'm', long = "agg_iters", value_name = "1", help_heading = NCCL_TESTS)]
+    pub agg_iters: Option<u64>,
+
+    /// nccl-tests' run cycles: 1 only (one sweep; repeat it with -R).
+    #[arg(short = 'N', long = "run_cycles", value_name = "1", help_heading = NCCL_TESTS)]
+    pub run_cycles: Option<u64>,
+
+    /// nccl-tests' parallel init: 0 or 1, the same here (every rank creates its own).
+    #[arg(short = 'p', long = "parallel_init", value_name = "0|1", help_heading = NCCL_TESTS)]
+    pub parallel_init: Option<u64>,
+
+    /// nccl-tests' NULL stream: 0 only.
+    #[arg(short = 'y', long = "stream_null", value_name = "0", help_heading = NCCL_TESTS)]
+    pub stream_null: Option<u64>,
+
+    /// nccl-tests' CUDA graph launches: 0 only.
+    #[arg(short = 'G', long = "cudagraph", value_name = "0", help_heading = NCCL_TESTS)]
+    pub cudagraph: Option<u64>,
+
+    /// nccl-tests' CPU-time report: 0 only.
+    #[arg(short = 'C', long = "report_cputime", value_name = "0", help_heading = NCCL_TESTS)]
+    pub report_cputime: Option<u64>,
+
+    /// nccl-tests' CTAs per device: not a setting here.
+    #[arg(short = 'V', long = "device_cta_count", value_name = "N", help_heading = NCCL_TESTS)]
+    pub device_cta_count: Option<u64>,
+}
+
+/// The help section of nccl-tests' options that take one value here.
+const NCCL_TESTS: &str = "nccl-tests options (accepted where they mean what runs here)";
+
+impl Cli {
+    /// Fails naming the first nccl-tests option given a value that means something else than
+    /// what runs here (so that its command lines run as they are where they can).
+    fn nccl_tests_options(&self) -> Result<(), String> {
+        let only = |flag: &str, value: Option<u64>, ok: &[u64], why: &str| match value {
+            Some(v) if !ok.contains(&v) => Err(format!("{flag} {v}: {why}")),
+            _ => Ok(()),
+        };
+        only(
+            "-t",
+            self.nthreads,
+            &[1],
+            "one thread per process here: ranks are processes (--ranks N)",
+        )?;
+        only(
+            "-g",
+            self.ngpus,
+            &[1],
+            "one device per rank here: ranks are processes (--ranks N)",
+        )?;
+        only(
+            "-m",
+            self.agg_iters,
+            &[1],
+            "calls are timed one by one here (-n sets how many)",
+        )?;
+        only(
+            "-N",
+            self.run_cycles,
+            &[1],
+            "one sweep per run here (-R repeats each size)",
+        )?;
+        only("-p", self.parallel_init, &[0, 1], "0 or 1")?;
+        only("-y", self.stream_null, &[0], "no NULL-stream mode here")?;
+        only("-G", self.cudagraph, &[0], "no CUDA graph launches here")?;
+        only("-C", self.report_cputime, &[0], "no CPU-time report here")?;
+        match self.device_cta_count {
+            Some(v) => Err(format!(
+                "-V {v}: nccl-tests' CTAs per device is no setting here"
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Where buffers live.
@@ -365,6 +455,7 @@ impl Cli {
     /// Checks the flags against each other and resolves lists, defaults and the sweep; the
     /// error is a message for the user.
     pub fn resolve(self) -> Result<Settings, String> {
+        self.nccl_tests_options()?;
         let mut coll = None;
         let mut ops: Vec<ReduceOp> = Vec::new();
         for item in self.op.iter().flatten() {
@@ -441,7 +532,7 @@ impl Cli {
                 3 => Combine::Max,
                 _ => Combine::Average,
             },
-            timeout: self.timeout,
+            timeout: self.timeout.filter(|t| !t.is_zero()),
             json: self.json,
             ranks: self.ranks.map(|r| r as usize),
             bind_to: self.bind_to,
@@ -652,8 +743,13 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a number of seconds"))
 }
 
+/// -T's seconds; 0 (nccl-tests' default: none of its own) leaves the library's deadline
+/// (`OXCCL_TIMEOUT`).
 fn parse_timeout(s: &str) -> Result<Duration, String> {
     let d = seconds(s)?;
+    if d.is_zero() {
+        return Ok(d);
+    }
     let (lo, hi) = (oxccl::Config::MIN_TIMEOUT, oxccl::Config::MAX_TIMEOUT);
     if d < lo || d > hi {
         return Err(format!(
@@ -682,10 +778,35 @@ mod tests {
 
     #[test]
     fn timeouts_outside_what_the_library_takes_are_refused_here() {
-        for bad in ["0", "-1", "nan", "1e20", "inf", "0.0001", "soon"] {
+        for bad in ["-1", "nan", "1e20", "inf", "0.0001", "soon"] {
             assert!(parse_timeout(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_timeout("2.5"), Ok(Duration::from_millis(2500)));
+        // nccl-tests' -T 0: no timeout of its own, the library's.
+        assert_eq!(settings(&["-T", "0"]).unwrap().timeout, None);
+    }
+
+    #[test]
+    fn nccl_tests_options_run_where_they_mean_what_runs_here() {
+        let ok = [
+            "-t", "1", "-g", "1", "-m", "1", "-N", "1", "-p", "1", "-y", "0", "-G", "0", "-C", "0",
+        ];
+        assert!(settings(&ok).is_ok(), "{:?}", settings(&ok).err());
+        for (args, says) in [
+            (&["-g", "2"][..], "-g 2: one device per rank"),
+            (&["-t", "4"], "-t 4: one thread per process"),
+            (&["-m", "8"], "-m 8: calls are timed one by one"),
+            (&["-N", "0"], "-N 0: one sweep per run"),
+            (&["-G", "1"], "-G 1: no CUDA graph"),
+            (&["-V", "16"], "-V 16: nccl-tests' CTAs per device"),
+        ] {
+            let e = settings(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        // --version only in its long form.
+        let argv = ["allreduce-perf", "--version"];
+        let e = Cli::try_parse_from(argv).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
     }
 
     #[test]
@@ -869,7 +990,6 @@ mod tests {
             &["-a", "4"][..],
             &["-z", "2"],
             &["-n", "0"],
-            &["-T", "0"],
             &["-T", "soon"],
             &["--ranks", "0"],
             &["--algo", "bogus"],

@@ -177,6 +177,59 @@ fn a_send_to_a_peer_that_reads_nothing_returns_at_its_deadline() {
     );
 }
 
+/// A panic inside a blocking call whose operation still holds the caller's buffer (here a
+/// `tracing` subscriber that panics on the flight recorder's warning, which the engine logs as
+/// the call fails, before the operation lets the buffer go) aborts the process: unwinding
+/// would return while the operation or a peer may still write the buffer. The test runs itself
+/// as a child process that does that.
+#[test]
+fn a_panic_inside_a_blocking_call_aborts_instead_of_returning() {
+    const CHILD: &str = "OXCCL_TEST_UNWIND_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        use tracing_subscriber::layer::SubscriberExt;
+        struct PanicOnWarn;
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnWarn {
+            fn on_event(
+                &self,
+                e: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                if *e.metadata().level() == tracing::Level::WARN {
+                    panic!("a subscriber that panics");
+                }
+            }
+        }
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(PanicOnWarn))
+            .expect("no subscriber yet");
+        let comms = tcp(2, Duration::from_millis(500));
+        let mut buf = [0.0f32; 4];
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| comms[0].recv(&mut buf, 1)));
+        println!("RETURNED {:?}", r.map(|r| r.is_ok()));
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_panic_inside_a_blocking_call_aborts_instead_of_returning",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .env("OXCCL_TRACE_DIR", std::env::temp_dir())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(6), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("RETURNED"), "{stdout}");
+    assert!(stderr.contains("aborting the process"), "{stderr}");
+}
+
 #[test]
 fn abort_from_another_thread_unblocks_a_waiting_call() {
     let comms = tcp(2, Duration::from_secs(60));

@@ -758,6 +758,25 @@ impl Inner {
     /// A thread that waits for the lock (to queue an operation, which `result`'s may need)
     /// gets it: the driver lets go and lets it in first.
     pub(crate) fn wait(&self, result: &OpResult) {
+        // The operation may hold the caller's memory (blocking calls lend it by address), and
+        // a panic unwinding out of this wait would return while the engine, the progress
+        // thread or a peer may still write it. Nothing in the engine panics by design; if
+        // something does (a bug, or a `tracing` subscriber that panics on one of our events),
+        // the process aborts instead of letting that happen.
+        struct Unwinding<'a>(&'a OpResult);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() && !self.0.is_done() {
+                    eprintln!(
+                        "oxccl: a panic inside a call whose operation still holds the caller's \
+                         memory; aborting the process (unwinding would let that memory go while \
+                         the operation or a peer may still write it)"
+                    );
+                    std::process::abort();
+                }
+            }
+        }
+        let _unwinding = Unwinding(result);
         while !result.is_done() {
             match self.state.try_lock() {
                 Ok(mut st) => st.engine.drive_until(result),

@@ -83,30 +83,7 @@ fn mismatched_collectives_fail_fast_on_both_ranks() {
 #[test]
 fn a_message_larger_than_the_receive_fails_both_ranks_fast() {
     for transport in ["tcp", "shm"] {
-        let config = Config::default()
-            .transports(TransportFilter::only(&[transport]))
-            .timeout(Duration::from_secs(30));
-        let comms = Communicator::init_local(2, config).expect("init");
-        let results = on_each(&comms, |c| {
-            if c.rank() == 0 {
-                c.send(&vec![1.0f32; 1 << 20], 1)
-            } else {
-                c.recv(&mut [0.0f32; 4], 0)
-            }
-        });
-        for (r, (res, took)) in results.iter().enumerate() {
-            match res {
-                Err(e @ Error::Mismatch { rank, peer, .. }) => {
-                    assert_eq!((*rank, *peer), (r, 1 - r), "{transport}: {e}");
-                    assert!(e.to_string().contains("4194304 B"), "{transport}: {e}");
-                }
-                other => panic!("{transport}: rank {r}: expected a mismatch, got {other:?}"),
-            }
-            assert!(
-                *took < Duration::from_secs(5),
-                "{transport}: rank {r} took {took:?} to notice"
-            );
-        }
+        procs::oversized_message_fails_both(transport, Duration::from_secs(5));
     }
 }
 

@@ -12,8 +12,6 @@ mod util;
 
 use std::time::{Duration, Instant};
 
-use oxccl::config::TransportFilter;
-use oxccl::{Communicator, Config, Error};
 use util::procs;
 
 /// Why RDMA cannot be tested here, if it cannot.
@@ -132,28 +130,10 @@ fn a_message_larger_than_the_receive_fails_both_ranks_fast_over_rdma() {
     if unavailable().is_some() {
         return;
     }
-    let config = Config::default()
-        .transports(TransportFilter::only(&["rdma"]))
-        .timeout(Duration::from_secs(60));
-    let comms = Communicator::init_local(2, config).expect("init over rdma");
-    let results = procs::on_each(&comms, |c| {
-        if c.rank() == 0 {
-            c.send(&vec![1.0f32; 1 << 20], 1)
-        } else {
-            c.recv(&mut [0.0f32; 4], 0)
-        }
-    });
-    for (r, (res, took)) in results.iter().enumerate() {
-        match res {
-            Err(e @ Error::Mismatch { rank, peer, .. }) => {
-                assert_eq!((*rank, *peer), (r, 1 - r), "{e}");
-            }
-            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
-        }
-        assert!(
-            *took < Duration::from_secs(20),
-            "rank {r} took {took:?} to notice"
-        );
+    for (r, took) in procs::oversized_message_fails_both("rdma", Duration::from_secs(20))
+        .iter()
+        .enumerate()
+    {
         println!("rank {r} failed with the mismatch over rdma after {took:?}");
     }
 }

@@ -442,7 +442,19 @@ fn launch(jobs: Vec<(Arc<Entry>, Job)>) -> Outcome {
     let mut first: Option<Failure> = None;
     let mut flights: Vec<(Arc<Entry>, InFlight)> = Vec::new();
     for (entry, collectives, messages) in per {
-        let comm = match entry.for_operation() {
+        // Another thread may have destroyed the handle since the group kept its operations
+        // (this thread's own destroy already failed the group: `dropped_in_group`).
+        let comm = match entry.for_operation().and_then(|c| {
+            if entry.registered_now() {
+                Ok(c)
+            } else {
+                Err(Failure::usage(format!(
+                    "rank {}: comm was destroyed (or aborted) before oxcclGroupEnd started the \
+                     operations the group kept for it",
+                    c.rank()
+                )))
+            }
+        }) {
             Ok(c) => c,
             Err(f) => {
                 first.get_or_insert(f);

@@ -119,17 +119,9 @@ impl Entry {
         }))
     }
 
-    /// The communicator, for a new operation: not finalized, nor destroyed (an operation a
-    /// group kept, whose handle another thread destroyed before `oxcclGroupEnd`).
+    /// The communicator, for a new operation: not finalized.
     pub(crate) fn for_operation(&self) -> Result<&Communicator, Failure> {
         let c = self.comm()?;
-        if !self.registered_now() {
-            return Err(Failure::usage(format!(
-                "rank {}: comm was destroyed (or aborted) before oxcclGroupEnd started the \
-                 operations the group kept for it",
-                c.rank()
-            )));
-        }
         if self.finalized.load(Ordering::Acquire) {
             return Err(Failure::usage(format!(
                 "rank {}: comm was finalized (oxcclCommFinalize): it takes no new operations",

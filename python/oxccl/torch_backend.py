@@ -600,6 +600,11 @@ def _timeout_seconds(timeout):
     return None if timeout is None else float(timeout)
 
 
+def _names_of(steps):
+    """What a group of steps does, for errors: their operations' names, each once."""
+    return " + ".join(sorted({s.what for s in steps}))
+
+
 class _Step:
     """One operation: ``issue`` makes its C calls (and raises on failure); ``finish`` (or None)
     copies results out once they are there (after a group has ended, say)."""
@@ -994,7 +999,7 @@ class OxcclBackend(*_BASES):
         self._submit(steps, result, fut)
         if not async_op:
             fut.wait()
-        return _Work(fut, f"{' + '.join(sorted({s.what for s in steps}))} on {self._where}")
+        return _Work(fut, f"{_names_of(steps)} on {self._where}")
 
     def _run_in_callback(self, steps, result, async_op):
         """A call made by a callback of one of this group's futures, which the worker runs
@@ -1008,7 +1013,7 @@ class OxcclBackend(*_BASES):
             self._execute(steps)
             return _done(result)
         fut = torch.futures.Future()
-        what = f"{' + '.join(sorted({s.what for s in steps}))} on {self._where}"
+        what = f"{_names_of(steps)} on {self._where}"
         try:
             self._execute(steps)
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits, as queued ones
@@ -1032,7 +1037,7 @@ class OxcclBackend(*_BASES):
             code = lib.oxcclGroupEnd()
             if failure is not None:
                 raise failure
-            self._check(code, " + ".join(sorted({s.what for s in steps})))
+            self._check(code, _names_of(steps))
         for s in steps:
             if s.finish is not None:
                 s.finish()

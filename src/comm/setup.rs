@@ -158,7 +158,7 @@ fn joined_late(
     size: usize,
     peer: Rank,
     deadline: Instant,
-    config: &Config,
+    timeout: Duration,
 ) -> Error {
     if Instant::now() < deadline {
         return e;
@@ -171,7 +171,7 @@ fn joined_late(
              given another unique id or rank)"
         ),
         peer: Some(peer),
-        after: config.timeout,
+        after: timeout,
     }
 }
 
@@ -236,7 +236,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     for r in 0..size {
         let bytes = store
             .get(&format!("peer/{r}"), deadline)
-            .map_err(|e| joined_late(e, rank, size, r, deadline, &config))?;
+            .map_err(|e| joined_late(e, rank, size, r, deadline, config.timeout))?;
         let info = PeerInfo::decode(&bytes)
             .filter(|i| i.rank == r)
             .ok_or_else(|| {
@@ -535,7 +535,7 @@ fn topology(
         for (r, info) in infos.iter().enumerate() {
             let bytes = store
                 .get(&format!("topo/{r}"), deadline)
-                .map_err(|e| joined_late(e, rank, size, r, deadline, config))?;
+                .map_err(|e| joined_late(e, rank, size, r, deadline, config.timeout))?;
             let (host, place): (topo::Host, topo::Place) = serde_json::from_slice(&bytes)
                 .ok()
                 .filter(|(h, _): &(topo::Host, _)| h.id == info.host)

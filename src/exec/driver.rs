@@ -997,11 +997,11 @@ impl Engine {
                 break;
             }
             if let Err(e) = self.handle(*peer, c) {
-                if matches!(c, Completion::Control(_)) {
-                    self.fail_told_by(*peer, e);
-                } else {
-                    self.fail_with(e);
-                }
+                let finder = match c {
+                    Completion::Control(_) => *peer,
+                    _ => self.rank,
+                };
+                self.fail_found_by(finder, e);
             }
         }
         self.completions = completions;
@@ -1193,23 +1193,17 @@ impl Engine {
     }
 
     fn fail_with(&mut self, e: Error) {
-        // The rank at the root of the failure: a failed peer, or this rank itself.
-        let origin = match &e {
-            Error::PeerFailed { peer, .. } => *peer,
-            _ => self.rank,
-        };
-        let why = e.to_string();
-        self.fail(Some(e), why.clone(), Some((origin, why)));
+        self.fail_found_by(self.rank, e);
     }
 
-    /// Fails on `peer`'s notice (`e`, what it says): the root of the failure is the rank it
-    /// names failed, or `peer` itself (a mismatch it found), which knows already — this
-    /// rank's own notice to it is not waited for (its socket may be full of data it will
-    /// never read now).
-    fn fail_told_by(&mut self, peer: Rank, e: Error) {
+    /// Fails with `e`, which rank `finder` found (this rank, or a peer whose notice says it).
+    /// The root of the failure is the failed peer `e` names, else `finder`: a peer that found
+    /// a mismatch knows already, and this rank's own notice to it is not waited for (its
+    /// socket may be full of data it will never read now).
+    fn fail_found_by(&mut self, finder: Rank, e: Error) {
         let origin = match &e {
-            Error::PeerFailed { peer: p, .. } => *p,
-            _ => peer,
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => finder,
         };
         let why = e.to_string();
         self.fail(Some(e), why.clone(), Some((origin, why)));

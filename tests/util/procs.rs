@@ -151,3 +151,40 @@ pub fn launch_after(
         .collect();
     (server, ranks)
 }
+
+/// 2 ranks over `transport` only: rank 0 sends 4 MiB to rank 1, which posted a 16-byte
+/// receive. Each rank must fail with `Mismatch` naming the other and the 4 MiB send, within
+/// `bound` (the deadline is far beyond it); returns how long each took.
+pub fn oversized_message_fails_both(transport: &str, bound: Duration) -> Vec<Duration> {
+    use oxccl::config::TransportFilter;
+    use oxccl::{Config, Error};
+    let config = Config::default()
+        .transports(TransportFilter::only(&[transport]))
+        .timeout(bound * 6);
+    let comms = Communicator::init_local(2, config).expect("init");
+    let results = on_each(&comms, |c| {
+        if c.rank() == 0 {
+            c.send(&vec![1.0f32; 1 << 20], 1)
+        } else {
+            c.recv(&mut [0.0f32; 4], 0)
+        }
+    });
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(r, (res, took))| {
+            match &res {
+                Err(e @ Error::Mismatch { rank, peer, .. }) => {
+                    assert_eq!((*rank, *peer), (r, 1 - r), "{transport}: {e}");
+                    assert!(e.to_string().contains("4194304 B"), "{transport}: {e}");
+                }
+                other => panic!("{transport}: rank {r}: expected a mismatch, got {other:?}"),
+            }
+            assert!(
+                took < bound,
+                "{transport}: rank {r} took {took:?} to notice"
+            );
+            took
+        })
+        .collect()
+}

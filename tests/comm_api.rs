@@ -179,6 +179,54 @@ fn a_rank_given_another_size_or_never_coming_is_named() {
     }
 }
 
+/// Two processes given the same rank (here two threads): every creation times out, and the
+/// error says which rank was created twice instead of only naming the rank that never came.
+#[test]
+fn a_rank_given_to_two_processes_is_named_at_the_deadline() {
+    let id = UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let handles: Vec<_> = [0, 1, 1]
+        .into_iter()
+        .enumerate()
+        .map(|(i, rank)| {
+            // The second rank 1 joins after the first (its creation is the second).
+            std::thread::sleep(Duration::from_millis(if i == 2 { 300 } else { 0 }));
+            std::thread::spawn(move || {
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                let config = Config::default().timeout(Duration::from_millis(1500));
+                Communicator::init_rank(&id, 3, rank, config).map(|_| ())
+            })
+        })
+        .collect();
+    let expect = [
+        (
+            0,
+            2,
+            "rank 1 was created 2 times in this job's store while this is creation 1 of rank 0",
+        ),
+        (
+            1,
+            2,
+            "rank 1 was created 2 times in this job's store while this is creation 1 of rank 1",
+        ),
+        (
+            1,
+            0,
+            "this is creation 2 of rank 1 in this job's store, and no other rank was created \
+                more than 1 times: was another process given rank 1?",
+        ),
+    ];
+    for (h, (r, p, says)) in handles.into_iter().zip(expect) {
+        match h.join().expect("thread") {
+            Err(Error::Timeout { rank, op, peer, .. }) => {
+                assert_eq!((rank, peer), (r, Some(p)), "{op}");
+                assert!(op.contains(says), "{op}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// With `unique_id_server_with_comm`, rank 0's communicator keeps the store server of the
 /// UniqueId this process made: it serves the communicator's splits (which keep it too), and
 /// stops once they are all gone, where by default it serves until the process exits.

@@ -175,6 +175,83 @@ fn joined_late(
     }
 }
 
+/// A creation that timed out waiting for its peers, told which ranks more than one process
+/// created in this store: each creation of rank r counts `world/generation/r` up and joins
+/// the ranks of the same count (`comm::generation`), so a process given a rank another
+/// process already has waits among ranks that never come, and the rank it should have had
+/// never joins. Counted only where the prefix is such a generation and for up to 1024 ranks
+/// (one store request each); a store that does not answer leaves the error as it was.
+fn claimed_twice(e: Error, boot: &Boot, size: usize) -> Error {
+    let Error::Timeout {
+        rank,
+        op,
+        peer,
+        after,
+    } = e
+    else {
+        return e;
+    };
+    let mine = boot
+        .prefix
+        .strip_prefix("world/")
+        .and_then(|g| g.parse::<i64>().ok());
+    let counts: Option<Vec<i64>> = mine.filter(|_| size <= 1024).and_then(|_| {
+        (0..size)
+            .map(|r| boot.store.add(&format!("world/generation/{r}"), 0).ok())
+            .collect()
+    });
+    let (Some(mine), Some(counts)) = (mine, counts) else {
+        return Error::Timeout {
+            rank,
+            op,
+            peer,
+            after,
+        };
+    };
+    // A rank (this one too) created again while this creation waited (a second process given
+    // that rank, or one that retried alone), or this creation ahead of every other rank's (this process is
+    // the second given its rank). Everybody at one count is a clean recreation.
+    let ahead: Vec<String> = counts
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c > mine)
+        .map(|(r, c)| format!("rank {r} was created {c} times"))
+        .take(8)
+        .collect();
+    let others = counts
+        .iter()
+        .enumerate()
+        .filter(|&(r, _)| r != rank)
+        .map(|(_, &c)| c)
+        .max();
+    let hint = if !ahead.is_empty() {
+        format!(
+            "{} in this job's store while this is creation {mine} of rank {rank}: was another \
+             process given that rank?",
+            ahead.join(", ")
+        )
+    } else if mine > 1 && others.is_some_and(|o| o < mine) {
+        format!(
+            "this is creation {mine} of rank {rank} in this job's store, and no other rank was \
+             created more than {} times: was another process given rank {rank}?",
+            others.unwrap_or(0)
+        )
+    } else {
+        String::new()
+    };
+    let op = if hint.is_empty() {
+        op
+    } else {
+        format!("{op}; {hint}")
+    };
+    Error::Timeout {
+        rank,
+        op,
+        peer,
+        after,
+    }
+}
+
 /// Connects rank `rank` of `size` and returns its communicator.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
     config.validate()?;
@@ -234,9 +311,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     store.set(&format!("peer/{rank}"), &me.encode())?;
     let mut infos = Vec::with_capacity(size);
     for r in 0..size {
-        let bytes = store
-            .get(&format!("peer/{r}"), deadline)
-            .map_err(|e| joined_late(e, rank, size, r, deadline, config.timeout))?;
+        let bytes = store.get(&format!("peer/{r}"), deadline).map_err(|e| {
+            claimed_twice(
+                joined_late(e, rank, size, r, deadline, config.timeout),
+                &boot,
+                size,
+            )
+        })?;
         let info = PeerInfo::decode(&bytes)
             .filter(|i| i.rank == r)
             .ok_or_else(|| {

@@ -235,14 +235,16 @@ impl HcaFilter {
     }
 }
 
-/// Which GID entry of a RoCE port to use when `OXCCL_IB_GID_INDEX` is not set, as NCCL
-/// chooses by default: RoCE v2 before v1, an IPv4-mapped address before IPv6, and an IPv6
-/// address that is not link-local before one that is; the lowest index among equals.
+/// Which GID entry of a RoCE port to use when `OXCCL_IB_GID_INDEX` is not set, in the order
+/// NCCL's defaults give (`NCCL_IB_ADDR_FAMILY` AF_INET, `NCCL_IB_ROCE_VERSION_NUM` 2): the
+/// address family first (an IPv4-mapped address before IPv6), then RoCE v2 before v1, then an
+/// address that is not link-local before one that is; the lowest index among equals. (Where
+/// the table has no IPv4 entry NCCL keeps index 0; this takes the best IPv6 one instead.)
 pub fn default_gid(gids: &[GidEntry]) -> Option<&GidEntry> {
     gids.iter().max_by_key(|g| {
         (
-            g.kind == GidKind::V2,
             g.is_ipv4(),
+            g.kind == GidKind::V2,
             !g.is_link_local(),
             std::cmp::Reverse(g.index),
         )
@@ -430,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn default_gid_prefers_v2_then_ipv4_then_global() {
+    fn default_gid_prefers_ipv4_then_v2_then_global() {
         let g = |index, s: &str, kind| GidEntry {
             index,
             gid: parse_gid(s).unwrap(),
@@ -442,8 +444,15 @@ mod tests {
             g(2, V6, GidKind::V2),
         ];
         assert_eq!(default_gid(&table).unwrap().index, 2);
+        // The family before the version, as NCCL: IPv4 on RoCE v1 before link-local v2.
         let table = [g(0, V4, GidKind::V1), g(1, LL, GidKind::V2)];
-        assert_eq!(default_gid(&table).unwrap().index, 1);
+        assert_eq!(default_gid(&table).unwrap().index, 0);
+        let table = [
+            g(0, V4, GidKind::V1),
+            g(1, V6, GidKind::V2),
+            g(2, V4, GidKind::V2),
+        ];
+        assert_eq!(default_gid(&table).unwrap().index, 2);
         let table = [
             g(0, V6, GidKind::V2),
             g(5, V4, GidKind::V2),

@@ -176,6 +176,15 @@ pub struct RdmaLink {
     controls: Vec<Vec<u8>>,
     /// Callers' memory registered for sends without a copy, by registration id.
     user: Vec<(u64, UserRegion)>,
+    /// Registrations deregistered while writes from them could not be flushed ([`quiesce`]
+    /// gave up): kept (pinned) for as long as the link lives, which the queue pair does not
+    /// outlive.
+    ///
+    /// [`quiesce`]: RdmaLink::quiesce
+    pinned: Vec<UserRegion>,
+    /// A send's write failed (its completion carried an error): the send never completes, so
+    /// something still needs the peer.
+    lost_send: bool,
     /// Sends written straight from a caller's registered memory so far.
     direct_sends: u64,
     closed_since: Option<Instant>,
@@ -195,6 +204,13 @@ impl RdmaLink {
     /// rather than through the staging area.
     pub fn direct_sends(&self) -> u64 {
         self.direct_sends
+    }
+
+    /// Moves this side's queue pair to the error state and nothing else, as a fabric failure
+    /// does (the side connection stays): for tests.
+    #[doc(hidden)]
+    pub fn fail_queue_pair(&mut self) {
+        self.queue.fail();
     }
 }
 
@@ -265,6 +281,8 @@ impl RdmaLink {
             stash,
             controls,
             user: Vec::new(),
+            pinned: Vec::new(),
+            lost_send: false,
             direct_sends: 0,
             closed_since: None,
             notify_pending: false,
@@ -393,6 +411,19 @@ impl RdmaLink {
                     wc.status,
                     wc.vendor_err
                 ));
+            }
+            // A write's completion (its id says so; an error's opcode is undefined), in
+            // posting order like every completion of the send queue: its entry goes, so that
+            // `posted` holds only writes whose completion is still to come (`quiesce` counts
+            // on that).
+            if wc.wr_id == WR_DATA || wc.wr_id == WR_CREDIT {
+                match self.posted.pop_front() {
+                    Some(Posted::Data { token: Some(_), .. }) => self.lost_send = true,
+                    Some(Posted::Credit) => self.credit_inflight = false,
+                    _ => {}
+                }
+            } else {
+                self.rq_posted = self.rq_posted.saturating_sub(1);
             }
             return Ok(());
         }
@@ -637,11 +668,11 @@ impl RdmaLink {
     /// Waits until every posted write up to the last one `pick` selects has completed (its
     /// completion taken into the stash, handled by the next poll), at most [`QUIESCE`]; then
     /// the queue pair goes to the error state, which flushes what is left, and the link is
-    /// broken. Should even the flush not come, the link is broken and the writes' memory stays
-    /// registered (pinned) for as long as the link lives.
-    fn quiesce(&mut self, pick: impl Fn(&Posted) -> bool) {
+    /// broken. Should even the flush not come, the link is broken and the writes' memory must
+    /// stay registered (pinned) for as long as the link lives: false then.
+    fn quiesce(&mut self, pick: impl Fn(&Posted) -> bool) -> bool {
         let Some(last) = self.posted.iter().rposition(pick) else {
-            return;
+            return true;
         };
         let mut deadline = Instant::now() + QUIESCE;
         let mut failed = false;
@@ -653,14 +684,14 @@ impl RdmaLink {
                 .filter(|wc| wc.wr_id == WR_DATA || wc.wr_id == WR_CREDIT)
                 .count();
             if done > last {
-                return;
+                return true;
             }
             if Instant::now() >= deadline {
                 if failed {
                     self.broken.get_or_insert(Broken::Io(
                         "writes from registered memory were not flushed".into(),
                     ));
-                    return;
+                    return false;
                 }
                 tracing::debug!(
                     peer = self.peer,
@@ -680,7 +711,8 @@ impl RdmaLink {
     /// Whether something posted can no longer complete if the peer is gone.
     fn waiting_on_peer(&self) -> bool {
         let unmatched = (self.next - self.base) as usize >= self.arrived.len();
-        !self.pending.is_empty()
+        self.lost_send
+            || !self.pending.is_empty()
             || self
                 .posted
                 .iter()
@@ -725,9 +757,17 @@ impl RdmaLink {
             self.notify_pending = false;
         }
         self.take_completions();
+        // Every completion taken is handled, even after one that breaks the link: the writes'
+        // must leave `posted`, or a later `quiesce` would wait for them.
+        let mut first = Ok(());
         for wc in std::mem::take(&mut self.stash) {
-            self.handle(wc, out)?;
+            if let Err(b) = self.handle(wc, out)
+                && first.is_ok()
+            {
+                first = Err(b);
+            }
         }
+        first?;
         if let Some(b) = self.broken.take() {
             return Err(b);
         }
@@ -850,8 +890,11 @@ impl Link for RdmaLink {
         let Some(i) = self.user.iter().position(|(r, _)| *r == id) else {
             return;
         };
-        self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
-        self.user.swap_remove(i);
+        let done = self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
+        let (_, region) = self.user.swap_remove(i);
+        if !done {
+            self.pinned.push(region);
+        }
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
@@ -943,6 +986,7 @@ impl Link for RdmaLink {
                 *token = None;
             }
         }
+        self.lost_send = false;
         // Writes from the caller's memory read it until they complete.
         self.quiesce(|p| matches!(p, Posted::Data { direct: true, .. }));
         self.recvs.clear();

@@ -559,6 +559,65 @@ fn sends_from_registered_memory_skip_the_copy_and_deregistering_waits_for_them()
     a.deregister(8);
 }
 
+/// A queue pair that fails while writes from registered memory are posted (a fabric failure:
+/// the peer's queue pair in error, then ours, the side connection alive): the link fails
+/// naming the peer, and cancel, deregister and close return at once, the flushed writes'
+/// completions accounted for (each waited 2 s twice, for completions already handled, before).
+#[test]
+fn a_failed_queue_pair_leaves_cancel_deregister_and_close_prompt() {
+    if unavailable().is_some() {
+        return;
+    }
+    for direct in [false, true] {
+        let (mut a, mut b) = pair();
+        let mem = pattern(5, 4 * MAX);
+        if direct {
+            // SAFETY: `mem` outlives the registration: deregistered below, before `mem` goes.
+            unsafe { a.register(1, mem.as_ptr(), mem.len()) }.unwrap();
+        }
+        // The peer's queue pair stops taking writes, so ours stay posted.
+        b.fail_queue_pair();
+        for i in 0..3usize {
+            // SAFETY: `mem` outlives the sends: cancel below returns once they are flushed.
+            unsafe { a.post_send(i as u64, SendBuf::from_slice(&mem[i * MAX..(i + 1) * MAX])) }
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut out = Vec::new();
+        a.poll(&mut out).unwrap();
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(a.direct_sends(), if direct { 3 } else { 0 });
+        a.fail_queue_pair();
+        let start = Instant::now();
+        let e = loop {
+            if let Err(e) = a.poll(&mut out) {
+                break e;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no error: {a:?}");
+            std::thread::yield_now();
+        };
+        assert!(e.to_string().contains("rank 1"), "{e}");
+        for (what, f) in [
+            (
+                "cancel",
+                &mut (|l: &mut RdmaLink| l.cancel()) as &mut dyn FnMut(&mut RdmaLink),
+            ),
+            ("deregister", &mut |l: &mut RdmaLink| l.deregister(1)),
+            ("close", &mut |l: &mut RdmaLink| l.close()),
+        ] {
+            let t = Instant::now();
+            f(&mut a);
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{what} (direct {direct}) took {:?}",
+                t.elapsed()
+            );
+        }
+        drop(a);
+        drop(b);
+    }
+}
+
 #[test]
 fn cancelled_receives_never_complete_and_controls_still_flow() {
     if unavailable().is_some() {

@@ -238,7 +238,13 @@ impl Config {
                     .map_err(|_| bad("OXCCL_HEARTBEAT", &v, why))?;
                 let d = Duration::try_from_secs_f64(secs)
                     .map_err(|_| bad("OXCCL_HEARTBEAT", &v, why))?;
-                c.heartbeat = (!d.is_zero()).then_some(d);
+                // Only a zero turns heartbeats off; a value that rounds to 0 ns is out of
+                // range (`validate`), not off.
+                c.heartbeat = if secs == 0.0 {
+                    None
+                } else {
+                    Some(d.max(Duration::from_nanos(1)))
+                };
             }
         }
         if let Some(v) = get("OXCCL_ALGO").filter(|v| !v.trim().is_empty()) {
@@ -748,6 +754,7 @@ mod tests {
             ("OXCCL_TRACE_ENTRIES", "many"),
             ("OXCCL_TRACE_SIGNAL", "maybe"),
             ("OXCCL_HEARTBEAT", "0.05"),
+            ("OXCCL_HEARTBEAT", "1e-10"),
             ("OXCCL_HEARTBEAT", "-1"),
             ("OXCCL_HEARTBEAT", "soon"),
             ("OXCCL_TRANSPORTS", "carrier-pigeon"),

@@ -595,3 +595,22 @@ fn a_trickling_server_cannot_stretch_a_request_past_its_deadline() {
         "{err}"
     );
 }
+
+/// A store that goes silent once a rank has connected (its host wedged): creation fails
+/// within the communicator's timeout, not the store client's default of 300 s (the add of
+/// the rank's generation waited 300 s before).
+#[test]
+fn a_store_that_goes_silent_fails_creation_within_its_timeout() {
+    let addr = fake_server(None, vec![], Then::Silent);
+    let rv = torchrun_vars(0, 2, addr.port(), "silent");
+    let config = Config::default().timeout(Duration::from_secs(2));
+    let err = within(Duration::from_secs(6), || {
+        Communicator::init_from(&rv, config)
+            .err()
+            .expect("no store")
+    });
+    assert!(
+        err.contains("generation") && err.contains("in time"),
+        "{err}"
+    );
+}

@@ -523,9 +523,14 @@ impl Rendezvous {
     /// rank meets the k-th on the others, never keys an earlier communicator left there), and
     /// the returned store is scoped to `namespace/<generation>`. Without a given secret, rank 0
     /// then draws the job secret and sets it at key `secret` there, and the other ranks wait
-    /// for it until `deadline`.
+    /// for it until `deadline`. Requests without a deadline of their own (set, add, check)
+    /// are bounded by the time from now to `deadline` (the communicator's timeout, at
+    /// creation), at least a second.
     pub fn open_store(&self, deadline: Instant) -> Result<OpenedStore> {
         let addr = self.store_addr()?;
+        let bound = deadline
+            .saturating_duration_since(Instant::now())
+            .max(std::time::Duration::from_secs(1));
         match &self.protocol {
             StoreProtocol::Oxccl => {
                 let secret = self.secret.resolve()?.ok_or_else(|| {
@@ -543,8 +548,9 @@ impl Rendezvous {
                 } else {
                     None
                 };
-                let store = TcpStore::connect(addr, &secret, deadline).map_err(|e| {
-                    match (&self.secret, e) {
+                let store = TcpStore::connect(addr, &secret, deadline)
+                    .map(|s| s.with_timeout(bound))
+                    .map_err(|e| match (&self.secret, e) {
                         (JobSecret::UserKey { file, .. }, Error::Bootstrap(m))
                             if m.contains(client::NOT_OUR_SECRET) =>
                         {
@@ -558,8 +564,7 @@ impl Rendezvous {
                             ))
                         }
                         (_, e) => e,
-                    }
-                })?;
+                    })?;
                 Ok(OpenedStore {
                     store: Arc::new(store),
                     addr,
@@ -568,7 +573,8 @@ impl Rendezvous {
                 })
             }
             StoreProtocol::Torch { namespace } => {
-                let client: Arc<dyn Store> = Arc::new(TorchStore::connect(addr, deadline)?);
+                let client: Arc<dyn Store> =
+                    Arc::new(TorchStore::connect(addr, deadline)?.with_timeout(bound));
                 let generation = client.add(&format!("{namespace}/generation/{}", self.rank), 1)?;
                 let store = PrefixStore::new(client, format!("{namespace}/{generation}"));
                 let secret = match self.secret.resolve()? {

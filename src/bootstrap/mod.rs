@@ -163,6 +163,18 @@ fn first_missing<'k, K: AsRef<str>>(
         .find(|k| !map.contains_key(*k))
 }
 
+/// The key a wait that ran out named ([`not_set`]'s error), or `None` for any other error
+/// (the store did not answer, refused, or is gone): which rank never published what the
+/// waiter needed, as opposed to a store that failed.
+pub(crate) fn missing_key(e: &Error) -> Option<String> {
+    let Error::Bootstrap(m) = e else {
+        return None;
+    };
+    let (_, rest) = m.split_once(": key \"")?;
+    let (key, tail) = rest.split_once("\" was not set before the deadline")?;
+    tail.starts_with(" (").then(|| key.to_owned())
+}
+
 /// The error of a wait that ran out, naming the store and the key.
 fn not_set(store: &str, key: &str, waited: std::time::Duration) -> Error {
     // A wait asked for after the deadline passed (an earlier wait of the same setup took the
@@ -175,4 +187,32 @@ fn not_set(store: &str, key: &str, waited: std::time::Duration) -> Error {
     Error::Bootstrap(format!(
         "{store}: key {key:?} was not set before the deadline ({waited})"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{MemStore, PrefixStore, Store, missing_key};
+    use crate::Error;
+
+    /// A wait that ran out names its key (prefix and all, whatever the store); any other
+    /// error names none.
+    #[test]
+    fn a_wait_that_ran_out_names_its_key() {
+        let store = PrefixStore::new(std::sync::Arc::new(MemStore::new()), "world/3".into());
+        store.set("ready/0", b"x").unwrap();
+        let soon = Instant::now() + Duration::from_millis(20);
+        let e = store.wait(&["ready/0", "ready/1"], soon).unwrap_err();
+        assert_eq!(missing_key(&e).as_deref(), Some("world/3/ready/1"), "{e}");
+        let e = store.get("peer/7", Instant::now()).unwrap_err();
+        assert_eq!(missing_key(&e).as_deref(), Some("world/3/peer/7"), "{e}");
+        for other in [
+            Error::Bootstrap("store at 127.0.0.1:1: no answer to add to \"k\" in time".into()),
+            Error::Bootstrap("a key \"k\" was not set before the deadline".into()),
+            Error::InvalidArgument("key \"k\" was not set before the deadline (x)".into()),
+        ] {
+            assert_eq!(missing_key(&other), None, "{other}");
+        }
+    }
 }

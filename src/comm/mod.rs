@@ -221,7 +221,8 @@ impl Communicator {
             )));
         }
         let deadline = std::time::Instant::now() + config.timeout;
-        let store = id.connect(deadline)?;
+        // Requests without a deadline of their own wait as long as a call may.
+        let store = id.connect(deadline)?.with_timeout(config.timeout);
         let prefix = generation(&store, rank)?;
         // Rank 0 keeps the id's server (if this process made it) where so configured.
         let server = (rank == 0 && config.unique_id_server_with_comm)

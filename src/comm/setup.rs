@@ -149,9 +149,10 @@ fn check_size(rank: Rank, size: usize, info: &PeerInfo) -> Result<()> {
     }
 }
 
-/// A wait at creation for what rank `peer` publishes that failed: past the deadline it is a
-/// [`Error::Timeout`] naming the rank that never came (its process did not start or create
-/// the communicator, or was given another unique id); before it, what the store said.
+/// A wait at creation for what rank `peer` publishes that failed: where the store says the
+/// key was not set by the deadline, an [`Error::Timeout`] naming the rank that never came (its
+/// process did not start or create the communicator, or was given another unique id);
+/// otherwise (a store that failed, or this rank's own key) what the store said.
 fn joined_late(
     e: Error,
     rank: Rank,
@@ -160,7 +161,7 @@ fn joined_late(
     deadline: Instant,
     timeout: Duration,
 ) -> Error {
-    if Instant::now() < deadline {
+    if Instant::now() < deadline || peer == rank || crate::bootstrap::missing_key(&e).is_none() {
         return e;
     }
     tracing::debug!(rank, peer, "creation: {e}");
@@ -394,7 +395,16 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     store.set(&format!("ready/{rank}"), &ready)?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    store.wait(&keys, deadline)?;
+    store.wait(&keys, deadline).map_err(|e| {
+        // The rank whose key was missing, as the other creation waits name it.
+        match crate::bootstrap::missing_key(&e)
+            .and_then(|k| k.rsplit_once("ready/")?.1.parse::<Rank>().ok())
+            .filter(|&r| r < size)
+        {
+            Some(r) => joined_late(e, rank, size, r, deadline, config.timeout),
+            None => e,
+        }
+    })?;
     let (costs, then) = tuning::take(&store, rank, deadline)?;
     let (mut everyone_direct, mut anyone_crowded) = (direct, crowded);
     if group.is_some() {

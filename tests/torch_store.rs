@@ -606,8 +606,8 @@ fn a_store_that_goes_silent_fails_creation_within_its_timeout() {
     let config = Config::default().timeout(Duration::from_secs(2));
     let err = within(Duration::from_secs(6), || {
         Communicator::init_from(&rv, config)
-            .err()
-            .expect("no store")
+            .map(|c| c.size())
+            .expect_err("no store")
     });
     assert!(
         err.contains("generation") && err.contains("in time"),

@@ -236,3 +236,78 @@ fn a_host_that_drops_off_the_network_is_named() {
     );
     eprintln!("rank 0 named the vanished host's rank after {quiet} ms without a heartbeat");
 }
+
+/// A dropped communicator leaves no heartbeat thread behind: its watch is woken and joined
+/// (it lingered up to a tenth of the period, so that a loop making and dropping
+/// communicators piled threads and sockets up). Run in a child process, alone, so that no
+/// other test's communicators are counted.
+#[test]
+fn a_dropped_communicator_leaves_no_heartbeat_thread() {
+    const CHILD: &str = "OXCCL_TEST_HEARTBEAT_CHILD";
+    let heartbeats = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter(|t| {
+                let comm = t.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.starts_with("oxccl-heartbea"))
+            })
+            .count()
+    };
+    if std::env::var_os(CHILD).is_some() {
+        use oxccl::{Communicator, Config, ReduceOp, bootstrap::UniqueId};
+        for round in 0..3 {
+            let id = UniqueId::new().unwrap();
+            let comms: Vec<Communicator> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2)
+                    .map(|rank| {
+                        let id = id.clone();
+                        s.spawn(move || {
+                            let config = Config::default().timeout(Duration::from_secs(30));
+                            Communicator::init_rank(&id, 2, rank, config).unwrap()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let during = heartbeats();
+            std::thread::scope(|s| {
+                for c in &comms {
+                    s.spawn(move || {
+                        let mut v = [1.0f32; 4];
+                        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    });
+                }
+            });
+            drop(comms);
+            println!("ROUND {round} during {during} after {}", heartbeats());
+        }
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_dropped_communicator_leaves_no_heartbeat_thread",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // (The harness's "test ... " may share the first line.)
+    let rounds: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("ROUND").map(|r| r.1))
+        .collect();
+    assert_eq!(rounds.len(), 3, "{stdout}");
+    for l in rounds {
+        // Each rank watches its neighbour while the communicators live; none once dropped.
+        assert!(l.ends_with("during 2 after 0"), "{l}");
+    }
+}

@@ -13,21 +13,21 @@
 //!
 //! Each method mirrors the host one of the same name without `_device` (same checks, same
 //! errors, lengths in bytes of `dtype` elements), takes device buffers as cudarc's
-//! [`DevicePtr`]/[`DevicePtrMut`] (so safe code cannot pass a host address where a device one
-//! belongs) and the [`CudaStream`] the work is ordered on. Arguments that matter only at the
+//! [`DeviceBuf`]/[`DeviceBufMut`] — cudarc's own buffers and views, sealed (so safe code cannot
+//! pass a host address, or a length past its allocation, where a device buffer belongs) and the [`CudaStream`] the work is ordered on. Arguments that matter only at the
 //! root are neither read nor written elsewhere.
 
 use std::sync::Arc;
 
 use crate::algo::{Collective, Plan};
 use crate::error::{Error, Result};
-use crate::reduce::cuda::{self, CudaStream, DevicePtr, DevicePtrMut, Staging};
+use crate::reduce::cuda::{self, CudaStream, DeviceBuf, DeviceBufMut, Staging};
 use crate::types::{DataType, Rank, ReduceOp};
 
 use super::Communicator;
 
 /// Enqueues the copy of `host` into device memory on `stream`.
-fn upload<D: DevicePtrMut<u8>>(
+fn upload<D: DeviceBufMut>(
     stream: &Arc<CudaStream>,
     host: &[u8],
     dst: &mut D,
@@ -88,7 +88,7 @@ impl Communicator {
     /// Copies device memory into a staging buffer, on `stream` after its earlier work; returns
     /// once the bytes are on the host, or fails when the stream has not got there within the
     /// communicator's timeout.
-    fn download<S: DevicePtr<u8>>(
+    fn download<S: DeviceBuf>(
         &self,
         c: Collective,
         stream: &Arc<CudaStream>,
@@ -115,7 +115,7 @@ impl Communicator {
 
     /// Copies `host` into `dst` on `stream` and waits for the copy, so that the staging buffer
     /// may go back to the pool (the stream's later work sees the result either way).
-    fn upload_and_wait<D: DevicePtrMut<u8>>(
+    fn upload_and_wait<D: DeviceBufMut>(
         &self,
         c: Collective,
         stream: &Arc<CudaStream>,
@@ -150,8 +150,8 @@ impl Communicator {
         host: impl FnOnce(&Communicator, &[u8], &mut [u8]) -> Result<()>,
     ) -> Result<()>
     where
-        S: DevicePtr<u8>,
-        D: DevicePtrMut<u8>,
+        S: DeviceBuf,
+        D: DeviceBufMut,
     {
         let input = match send {
             Some(s) => self.download(c, stream, s)?,
@@ -167,7 +167,7 @@ impl Communicator {
     }
 
     /// In place: stages `buf`, runs `host` on the host copy, and copies it back.
-    fn staged_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    fn staged_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         c: Collective,
         stream: &Arc<CudaStream>,
@@ -195,7 +195,7 @@ impl Communicator {
     /// Runs `plan` on the device, between the ranks' buffers, when every rank is in this
     /// process (`native.rs`): `Ok(true)` when it did (enqueued on `stream`), `Ok(false)` when the
     /// call must be staged. `send`/`recv` are `None` where the plan does not use them on this rank.
-    fn native<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    fn native<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         plan: Plan,
         stream: &Arc<CudaStream>,
@@ -229,7 +229,7 @@ impl Communicator {
     }
 
     /// [`Communicator::native`] in place: `buf` is both the input and the output.
-    fn native_in_place<D: DevicePtrMut<u8>>(
+    fn native_in_place<D: DeviceBufMut>(
         &self,
         plan: Plan,
         stream: &Arc<CudaStream>,
@@ -247,7 +247,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_reduce_bytes`] on device memory, ordered on `stream`.
-    pub fn all_reduce_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn all_reduce_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -269,7 +269,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_reduce_in_place_bytes`] on device memory, ordered on `stream`.
-    pub fn all_reduce_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn all_reduce_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,
@@ -289,7 +289,7 @@ impl Communicator {
 
     /// [`Communicator::broadcast_bytes`] on device memory, ordered on `stream` (`send` is read
     /// only at the root).
-    pub fn broadcast_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn broadcast_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -318,7 +318,7 @@ impl Communicator {
     }
 
     /// [`Communicator::broadcast_in_place_bytes`] on device memory, ordered on `stream`.
-    pub fn broadcast_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn broadcast_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,
@@ -338,7 +338,7 @@ impl Communicator {
 
     /// [`Communicator::reduce_bytes`] on device memory, ordered on `stream` (`recv` is written
     /// only at the root).
-    pub fn reduce_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn reduce_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -366,7 +366,7 @@ impl Communicator {
 
     /// [`Communicator::reduce_in_place_bytes`] on device memory, ordered on `stream` (`buf` is
     /// written back only at the root).
-    pub fn reduce_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn reduce_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,
@@ -392,7 +392,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_gather_bytes`] on device memory, ordered on `stream`.
-    pub fn all_gather_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn all_gather_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -420,7 +420,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_gather_in_place_bytes`] on device memory, ordered on `stream`.
-    pub fn all_gather_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn all_gather_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,
@@ -438,7 +438,7 @@ impl Communicator {
     }
 
     /// [`Communicator::reduce_scatter_bytes`] on device memory, ordered on `stream`.
-    pub fn reduce_scatter_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn reduce_scatter_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -464,7 +464,7 @@ impl Communicator {
     }
 
     /// [`Communicator::reduce_scatter_in_place_bytes`] on device memory, ordered on `stream`.
-    pub fn reduce_scatter_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn reduce_scatter_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,
@@ -484,7 +484,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_to_all_bytes`] on device memory, ordered on `stream`.
-    pub fn all_to_all_device<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+    pub fn all_to_all_device<S: DeviceBuf, D: DeviceBufMut>(
         &self,
         send: &S,
         recv: &mut D,
@@ -513,7 +513,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_to_all_in_place_bytes`] on device memory, ordered on `stream`.
-    pub fn all_to_all_device_in_place<D: DevicePtr<u8> + DevicePtrMut<u8>>(
+    pub fn all_to_all_device_in_place<D: DeviceBuf + DeviceBufMut>(
         &self,
         buf: &mut D,
         dtype: DataType,

@@ -49,6 +49,61 @@ use cudarc::nvrtc::Ptx;
 
 pub use cudarc;
 pub use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+
+mod sealed {
+    /// Only cudarc's own buffers and views: see [`super::DeviceBuf`].
+    pub trait Sealed {}
+    impl Sealed for super::CudaSlice<u8> {}
+    impl Sealed for super::CudaView<'_, u8> {}
+    impl Sealed for super::CudaViewMut<'_, u8> {}
+}
+
+/// Device memory that oxccl reads from safe code: cudarc's [`CudaSlice`], [`CudaView`] and
+/// [`CudaViewMut`] of bytes, whose address and length cudarc vouches for (making one from a
+/// raw address is `unsafe` there). Sealed: cudarc's [`DevicePtr`] is a safe trait any type
+/// can implement with any address and length, which a kernel would then read or write.
+///
+/// cudarc's buffers go in:
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use oxccl::reduce::cuda::{CudaSlice, CudaStream};
+/// use oxccl::{Communicator, DataType, ReduceOp};
+/// fn sum(c: &Communicator, s: &CudaSlice<u8>, r: &mut CudaSlice<u8>, st: &Arc<CudaStream>) {
+///     c.all_reduce_device(s, r, DataType::F32, ReduceOp::Sum, st).unwrap();
+/// }
+/// ```
+///
+/// and a type of one's own that claims any address does not compile:
+///
+/// ```compile_fail
+/// use std::sync::Arc;
+/// use oxccl::reduce::cuda::cudarc::driver::{DevicePtr, DeviceSlice, SyncOnDrop, sys};
+/// use oxccl::reduce::cuda::{CudaSlice, CudaStream};
+/// use oxccl::{Communicator, DataType, ReduceOp};
+/// struct Fake(Arc<CudaStream>, u64);
+/// impl DeviceSlice<u8> for Fake {
+///     fn len(&self) -> usize { 1 << 30 }
+///     fn stream(&self) -> &Arc<CudaStream> { &self.0 }
+/// }
+/// impl DevicePtr<u8> for Fake {
+///     fn device_ptr<'a>(&'a self, _: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+///         (self.1, SyncOnDrop::Sync(None))
+///     }
+/// }
+/// fn sum(c: &Communicator, s: &Fake, r: &mut CudaSlice<u8>, st: &Arc<CudaStream>) {
+///     c.all_reduce_device(s, r, DataType::F32, ReduceOp::Sum, st).unwrap();
+/// }
+/// ```
+pub trait DeviceBuf: sealed::Sealed + DevicePtr<u8> {}
+/// Device memory that oxccl writes from safe code ([`DeviceBuf`]'s mutable kinds).
+pub trait DeviceBufMut: sealed::Sealed + DevicePtrMut<u8> {}
+
+impl DeviceBuf for CudaSlice<u8> {}
+impl DeviceBuf for CudaView<'_, u8> {}
+impl DeviceBuf for CudaViewMut<'_, u8> {}
+impl DeviceBufMut for CudaSlice<u8> {}
+impl DeviceBufMut for CudaViewMut<'_, u8> {}
 pub use nvrtc::{
     Kernel, MULTI_MAX, SOURCE, Target, compile_all_ptx, compile_cubin, compile_ptx, nvrtc_version,
     supported_archs,
@@ -345,11 +400,7 @@ impl CudaReducer {
     }
 
     /// Copies `host` into the device memory `dst` (of the same length in bytes).
-    pub fn upload_into<T: Element, D: DevicePtrMut<u8>>(
-        &self,
-        host: &[T],
-        dst: &mut D,
-    ) -> Result<()> {
+    pub fn upload_into<T: Element, D: DeviceBufMut>(&self, host: &[T], dst: &mut D) -> Result<()> {
         let host: &[u8] = bytemuck::cast_slice(host);
         self.same_context(dst)?;
         same_lengths("upload", dst.len(), host.len())?;
@@ -360,7 +411,7 @@ impl CudaReducer {
 
     /// Copies the device memory `src` into `host` (of the same length in bytes), after every
     /// operation enqueued before; returns once the data is in `host`.
-    pub fn download<T: Element, S: DevicePtr<u8>>(&self, src: &S, host: &mut [T]) -> Result<()> {
+    pub fn download<T: Element, S: DeviceBuf>(&self, src: &S, host: &mut [T]) -> Result<()> {
         let host: &mut [u8] = bytemuck::cast_slice_mut(host);
         self.same_context(src)?;
         same_lengths("download", src.len(), host.len())?;
@@ -371,7 +422,7 @@ impl CudaReducer {
     }
 
     /// Copies `src` to `dst` on the device (`cuMemcpyDtoDAsync`), in stream order.
-    pub fn copy<D: DevicePtrMut<u8>, S: DevicePtr<u8>>(&self, dst: &mut D, src: &S) -> Result<()> {
+    pub fn copy<D: DeviceBufMut, S: DeviceBuf>(&self, dst: &mut D, src: &S) -> Result<()> {
         self.same_context(dst)?;
         self.same_context(src)?;
         same_lengths("copy", dst.len(), src.len())?;
@@ -387,8 +438,8 @@ impl CudaReducer {
     /// or `op` is not defined on `dtype`.
     pub fn reduce<D, S>(&self, dst: &mut D, src: &S, dtype: DataType, op: ReduceOp) -> Result<()>
     where
-        D: DevicePtrMut<u8>,
-        S: DevicePtr<u8>,
+        D: DeviceBufMut,
+        S: DeviceBuf,
     {
         let kernel = Kernel::combine(dtype, op)?;
         self.same_context(dst)?;
@@ -414,9 +465,9 @@ impl CudaReducer {
         op: ReduceOp,
     ) -> Result<()>
     where
-        O: DevicePtrMut<u8>,
-        A: DevicePtr<u8>,
-        B: DevicePtr<u8>,
+        O: DeviceBufMut,
+        A: DeviceBuf,
+        B: DeviceBuf,
     {
         let kernel = Kernel::combine(dtype, op)?;
         self.same_context(out)?;
@@ -436,12 +487,7 @@ impl CudaReducer {
     ///
     /// Fails with [`Error::InvalidArgument`] when `by` is zero or the buffer is not a whole
     /// number of aligned elements.
-    pub fn divide<D: DevicePtrMut<u8>>(
-        &self,
-        dst: &mut D,
-        dtype: DataType,
-        by: usize,
-    ) -> Result<()> {
+    pub fn divide<D: DeviceBufMut>(&self, dst: &mut D, dtype: DataType, by: usize) -> Result<()> {
         self.same_context(dst)?;
         let count = element_count(dtype, dst.len(), &[])?;
         let (d, _dst_done) = dst.device_ptr_mut(&self.stream);

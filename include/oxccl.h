@@ -768,9 +768,12 @@ oxcclResult_t oxcclRequestTest(oxcclRequest_t *request, int *done);
 
 // Makes a pre-multiplied sum on `comm`: each rank's input is multiplied by the scalar (of
 // `datatype`) at `scalar`, then summed. With `oxcclScalarHostImmediate` the scalar is copied
-// now; with `oxcclScalarDevice` it is read each time an operation using the operator is
-// issued, so it must stay readable until `oxcclRedOpDestroy`. The operator is valid on
-// `comm` only, for data of `datatype` only.
+// now (a pointer to CUDA device memory is an `oxcclInvalidArgument` then); with
+// `oxcclScalarDevice` it is read each time an operation using the operator is issued, so it
+// must stay readable until `oxcclRedOpDestroy`: in CUDA device memory (in a program that had
+// loaded CUDA when `comm` was made) it is copied from the device on the operation's stream
+// (NULL: CUDA's default stream) after the stream's earlier work, otherwise read from host
+// memory. The operator is valid on `comm` only, for data of `datatype` only.
 //
 // # Safety
 //

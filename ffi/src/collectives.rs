@@ -70,6 +70,10 @@ fn collective(
         None => (plan, None),
         Some(Operator::Plain(o)) => (plan.op(o), None),
         Some(Operator::PreMulSum(k)) => (plan, Some(k)),
+        Some(Operator::PreMulSumAt(at)) => {
+            let k = crate::device::scalar_at(entry, at, plan.dtype, stream)?;
+            (plan, Some(k))
+        }
     };
     if !stream.is_null() || crate::device::default_stream_device(entry, &buffers) {
         return crate::device::collective(entry, plan, premul, buffers, stream);
@@ -116,7 +120,7 @@ pub unsafe extern "C" fn oxcclAllReduce(
 ) -> oxcclResult_t {
     guard("oxcclAllReduce", || {
         let (entry, dtype, _, _) = prepare(comm, datatype)?;
-        let op = operator(op, dtype, &entry.operators)?;
+        let op = operator(op, dtype, &entry.operators, entry.cuda)?;
         let len = byte_len("count", count, 1, dtype)?;
         let recv = Region::new(recvbuff, len, "recvbuff");
         let buffers = if at(sendbuff, recvbuff, 0) {
@@ -206,7 +210,7 @@ pub unsafe extern "C" fn oxcclReduce(
 ) -> oxcclResult_t {
     guard("oxcclReduce", || {
         let (entry, dtype, rank, size) = prepare(comm, datatype)?;
-        let op = operator(op, dtype, &entry.operators)?;
+        let op = operator(op, dtype, &entry.operators, entry.cuda)?;
         let root = rank_arg("root", root, size)?;
         let len = byte_len("count", count, 1, dtype)?;
         let buffers = if at(sendbuff, recvbuff, 0) {
@@ -275,7 +279,7 @@ pub unsafe extern "C" fn oxcclReduceScatter(
 ) -> oxcclResult_t {
     guard("oxcclReduceScatter", || {
         let (entry, dtype, rank, size) = prepare(comm, datatype)?;
-        let op = operator(op, dtype, &entry.operators)?;
+        let op = operator(op, dtype, &entry.operators, entry.cuda)?;
         let block = byte_len("recvcount", recvcount, 1, dtype)?;
         let total = byte_len("recvcount", recvcount, size, dtype)?;
         let send = Region::new(sendbuff, total, "sendbuff");

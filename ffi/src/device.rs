@@ -24,7 +24,7 @@ use oxccl_core::algo::Plan;
 use oxccl_core::reduce::cuda::{self, Staging, cudarc::driver::sys};
 
 use crate::abi::*;
-use crate::boundary::{Failure, Outcome};
+use crate::boundary::{Failure, Outcome, Region};
 use crate::collectives::Buffers;
 use crate::dispatch::{Job, hold, in_group, issue};
 use crate::entry::Entry;
@@ -56,27 +56,23 @@ pub(crate) fn cuda_in_process() -> bool {
 }
 
 /// Whether a collective with a NULL stream on `entry` is on device memory: the program used
-/// CUDA when the communicator was made and the first buffer the call reads or writes is device
-/// memory (then the call takes CUDA's default stream).
+/// CUDA when the communicator was made and any buffer the call reads or writes is device
+/// memory (then the call takes CUDA's default stream, and the device path refuses a host
+/// buffer beside it as an invalid argument: taking the host path because the first buffer
+/// was host memory had the host engine write into a device address).
 pub(crate) fn default_stream_device(entry: &Entry, buffers: &Buffers) -> bool {
     if !entry.cuda {
         return false;
     }
-    let first = match buffers {
-        Buffers::Shared(b) => (b.len > 0).then_some(b.ptr),
-        Buffers::Apart { send, recv } => [send, recv]
-            .into_iter()
-            .find(|r| r.len > 0 && !r.ptr.is_null())
-            .map(|r| r.ptr),
-    };
-    match first {
-        Some(p) if !p.is_null() => is_device(p),
-        _ => false,
+    let on_device = |b: &Region| b.len > 0 && !b.ptr.is_null() && is_device(b.ptr);
+    match buffers {
+        Buffers::Shared(b) => on_device(b),
+        Buffers::Apart { send, recv } => on_device(send) || on_device(recv),
     }
 }
 
 /// Whether the driver says `ptr` is device (or managed) memory.
-fn is_device(ptr: *const c_void) -> bool {
+pub(crate) fn is_device(ptr: *const c_void) -> bool {
     let mut kind: u32 = 0;
     // SAFETY: the driver is loaded and initialised (`cuda::device_count` succeeded before any
     // call here); the attribute is written as an unsigned int, which `kind` is. Any address may
@@ -536,6 +532,31 @@ fn native(
         return Ok(true);
     }
     call.complete().map_err(Failure::from)
+}
+
+/// A pre-multiplied sum's scalar of `dtype` in device memory at `at`: copied to the host on
+/// `stream` (NULL: CUDA's default stream) after the stream's earlier work, as NCCL reads an
+/// `ncclScalarDevice` scalar when the call runs; at most the communicator's timeout.
+pub(crate) fn scalar_at(
+    entry: &Arc<Entry>,
+    at: usize,
+    dtype: oxccl_core::DataType,
+    stream: oxcclStream_t,
+) -> Result<[u8; 8], Failure> {
+    let rank = entry.comm()?.rank();
+    (|| {
+        let (stream, deadline) = device_call(entry, stream)?;
+        let size = dtype.size();
+        device_memory(at as *const c_void, size, "the operator's scalar")?;
+        let _ctx = Pushed::for_call(at as *const c_void, stream)?;
+        // SAFETY: device memory (checked) holding `size` bytes (checked where the driver says
+        // the allocation's extent; the operator's contract otherwise).
+        let host = unsafe { download(at as *const c_void, size, stream, deadline) }?;
+        let mut v = [0u8; 8];
+        v[..size].copy_from_slice(&host[..size]);
+        Ok(v)
+    })()
+    .map_err(|f: Failure| f.naming_rank(rank))
 }
 
 /// The checks every call on device memory makes: a blocking communicator and a loaded driver.

@@ -43,6 +43,9 @@ pub(crate) enum Operator {
     Plain(ReduceOp),
     /// Sum of each rank's input scaled by the scalar (its bytes in the data type).
     PreMulSum([u8; 8]),
+    /// The same with the scalar in device memory at this address (`oxcclScalarDevice`): read
+    /// on the call's stream when the call runs ([`crate::device::scalar_at`]).
+    PreMulSumAt(usize),
 }
 
 /// Values of created operators: from nccl.h's `ncclNumOps` up to, not including, our first
@@ -50,11 +53,13 @@ pub(crate) enum Operator {
 const FIRST: oxcclRedOp_t = oxcclNumOps;
 const END: oxcclRedOp_t = oxcclBand;
 
-/// The operator `raw` of a call on data of `dtype` on `comm`'s entry.
+/// The operator `raw` of a call on data of `dtype` on `comm`'s entry (`cuda`: the program used
+/// CUDA when the communicator was made, so a scalar may lie in device memory).
 pub(crate) fn operator(
     raw: oxcclRedOp_t,
     dtype: DataType,
     ops: &std::sync::Mutex<Operators>,
+    cuda: bool,
 ) -> Result<Operator, Failure> {
     let plain = match raw {
         oxcclSum => ReduceOp::Sum,
@@ -87,8 +92,15 @@ pub(crate) fn operator(
             }
             let value = match p.scalar {
                 Scalar::Value(v) => v,
+                // Device memory (as torch passes it) is read on the device, on the call's
+                // stream; reading it here, on the host, crashed the program.
+                Scalar::At(addr) if cuda && crate::device::is_device(addr as *const c_void) => {
+                    return Ok(Operator::PreMulSumAt(addr));
+                }
                 // SAFETY: the contract of oxcclRedOpCreatePreMulSum with oxcclScalarDevice:
-                // the scalar stays readable until the operator is destroyed.
+                // the scalar stays readable until the operator is destroyed (host memory here:
+                // pinned or managed memory the device can see, or any in a program without
+                // CUDA).
                 Scalar::At(addr) => unsafe { read_scalar(addr as *const u8, dtype) },
             };
             return Ok(Operator::PreMulSum(value));
@@ -172,9 +184,12 @@ pub(crate) fn scale(dst: &mut [u8], src: &[u8], dtype: DataType, k: [u8; 8]) -> 
 
 /// Makes a pre-multiplied sum on `comm`: each rank's input is multiplied by the scalar (of
 /// `datatype`) at `scalar`, then summed. With `oxcclScalarHostImmediate` the scalar is copied
-/// now; with `oxcclScalarDevice` it is read each time an operation using the operator is
-/// issued, so it must stay readable until `oxcclRedOpDestroy`. The operator is valid on
-/// `comm` only, for data of `datatype` only.
+/// now (a pointer to CUDA device memory is an `oxcclInvalidArgument` then); with
+/// `oxcclScalarDevice` it is read each time an operation using the operator is issued, so it
+/// must stay readable until `oxcclRedOpDestroy`: in CUDA device memory (in a program that had
+/// loaded CUDA when `comm` was made) it is copied from the device on the operation's stream
+/// (NULL: CUDA's default stream) after the stream's earlier work, otherwise read from host
+/// memory. The operator is valid on `comm` only, for data of `datatype` only.
 ///
 /// # Safety
 ///
@@ -195,6 +210,13 @@ pub unsafe extern "C" fn oxcclRedOpCreatePreMulSum(
         let dtype = data_type(datatype)?;
         let scalar = match residence {
             oxcclScalarHostImmediate => {
+                if entry.cuda && crate::device::is_device(scalar.cast_const()) {
+                    return Err(Failure::invalid(format!(
+                        "scalar: {scalar:p} is CUDA device memory, but residence is \
+                         oxcclScalarHostImmediate (the value is read on the host now): pass \
+                         oxcclScalarDevice"
+                    )));
+                }
                 // SAFETY: not NULL; the caller guarantees one readable element.
                 Scalar::Value(unsafe { read_scalar(scalar.cast::<u8>(), dtype) })
             }

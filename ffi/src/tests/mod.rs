@@ -1326,3 +1326,93 @@ fn a_receive_with_another_tag_is_a_mismatch() {
     });
     destroy(comms);
 }
+
+/// With a GPU: a pre-multiplied sum whose scalar is in device memory (`oxcclScalarDevice`, as
+/// torch passes it) is read on the device, on the call's stream, after a kernel-side write of
+/// it (a copy enqueued on the same stream just before); the same pointer with
+/// `oxcclScalarHostImmediate` is refused; and a NULL-stream call whose send buffer is host
+/// memory and receive buffer device memory is refused, not run on the host into the device
+/// address. (Each crashed the program before: the scalar was read on the host.) Without a GPU:
+/// "skipped: ...".
+#[test]
+fn a_device_scalar_is_read_on_the_stream_and_mixed_buffers_are_refused() {
+    use oxccl_core::reduce::cuda::cudarc::driver::{CudaContext, DevicePtr};
+    if !device_or_skip() {
+        return;
+    }
+    let n = 2;
+    let comms = init_all(n);
+    on_each(&comms, |r, c| {
+        let ctx = CudaContext::new(0).unwrap();
+        let s = ctx.new_stream().unwrap();
+        let stream: oxcclStream_t = s.cu_stream().cast();
+        let mut k = s.alloc_zeros::<u8>(4).unwrap();
+        let (kp, _g) = k.device_ptr(&s);
+        let kp = kp as usize as *mut c_void;
+        let mut op = -1;
+        // SAFETY: `op` writable; `kp` device memory of one float, alive until the end.
+        ok(unsafe { oxcclRedOpCreatePreMulSum(&mut op, kp, oxcclFloat32, oxcclScalarDevice, c) });
+        let mut bad = -1;
+        // SAFETY: as above.
+        fails(
+            unsafe {
+                oxcclRedOpCreatePreMulSum(&mut bad, kp, oxcclFloat32, oxcclScalarHostImmediate, c)
+            },
+            oxcclInvalidArgument,
+            "device memory",
+        );
+        drop(_g);
+        // The scalar becomes 0.5 on the stream, right before the call.
+        s.memcpy_htod(&0.5f32.to_le_bytes(), &mut k).unwrap();
+        let x: Vec<f32> = (0..10).map(|i| (r + i) as f32).collect();
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let send = s.clone_htod(&bytes).unwrap();
+        let recv = s.alloc_zeros::<u8>(40).unwrap();
+        {
+            let (sp, _a) = send.device_ptr(&s);
+            let (rp, _b) = recv.device_ptr(&s);
+            // SAFETY: device buffers of 10 floats, alive until the stream is synchronised
+            // below; the stream is this thread's.
+            ok(unsafe {
+                oxcclAllReduce(
+                    sp as usize as *const c_void,
+                    rp as usize as *mut c_void,
+                    10,
+                    oxcclFloat32,
+                    op,
+                    c,
+                    stream,
+                )
+            });
+        }
+        let got: Vec<f32> = s
+            .clone_dtoh(&recv)
+            .unwrap()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let want: Vec<f32> = (0..10)
+            .map(|i| (0..n).map(|q| 0.5 * (q + i) as f32).sum())
+            .collect();
+        assert_eq!(got, want, "rank {r}");
+
+        s.synchronize().unwrap();
+        let (rp, _b) = recv.device_ptr(&s);
+        // SAFETY: host send of 10 floats, device receive of as many.
+        fails(
+            unsafe {
+                oxcclAllReduce(
+                    void(&x),
+                    rp as usize as *mut c_void,
+                    10,
+                    oxcclFloat32,
+                    oxcclSum,
+                    c,
+                    null_mut(),
+                )
+            },
+            oxcclInvalidArgument,
+            "is not CUDA device memory",
+        );
+    });
+}

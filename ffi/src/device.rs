@@ -743,6 +743,15 @@ pub(crate) fn put_back(held: Vec<Held>) -> Outcome {
     first
 }
 
+/// Completes a failed group's device collectives (each in its context, as [`put_back`] does)
+/// and drops its staged copies without copying them back: whether there were any.
+pub(crate) fn complete_native(held: Vec<Held>) -> bool {
+    let native: Vec<Held> = held.into_iter().filter(|h| h.native.is_some()).collect();
+    let any = !native.is_empty();
+    let _ = put_back(native);
+    any
+}
+
 /// The host job over the staging buffers: `input` None means in place in `output`.
 fn host_job(plan: Plan, output: &mut [u8], input: Option<&[u8]>, premul: Option<[u8; 8]>) -> Job {
     let out = if output.is_empty() {

@@ -352,10 +352,18 @@ pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
             held,
         } = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
         if let Some(e) = error {
+            // Device collectives the ranks already deposited run whatever happens (other ranks'
+            // kernels may be enqueued on this rank's buffers): completed in their context.
+            let deposited = crate::device::complete_native(held);
             return Err(Failure {
                 code: e.code,
                 message: format!(
-                    "a call inside the group failed, so none of the group's work ran: {}",
+                    "a call inside the group failed, so {} of the group's work ran: {}",
+                    if deposited {
+                        "none but its device collectives"
+                    } else {
+                        "none"
+                    },
                     e.message
                 ),
             });
@@ -367,6 +375,7 @@ pub extern "C" fn oxcclGroupEnd() -> oxcclResult_t {
         let back = if ran.as_ref().err().is_none_or(|f| f.code == oxcclInProgress) {
             crate::device::put_back(held)
         } else {
+            crate::device::complete_native(held);
             Ok(())
         };
         created.and(back).and(ran)

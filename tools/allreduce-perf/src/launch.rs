@@ -78,6 +78,8 @@ fn start(
         .env("OXCCL_LOCAL_WORLD_SIZE", n.to_string())
         .env("OXCCL_STORE", store.to_string())
         .env("OXCCL_TOKEN", secret.to_hex())
+        // The job's own secret: one the user's environment names by file would be a second.
+        .env_remove("OXCCL_TOKEN_FILE")
         .env(STANDALONE_VAR, "1")
         .stdin(Stdio::null());
     trace.apply(&mut cmd);

@@ -292,3 +292,17 @@ fn help_documents_both_meanings_of_op() {
     assert!(help.contains("a collective name"), "{help}");
     assert!(!help.contains("corrupt"), "the test switch is hidden");
 }
+
+/// `--ranks` gives its ranks the job's own token: a secret file the user's environment names
+/// (`OXCCL_TOKEN_FILE`, which oxccl refuses beside `OXCCL_TOKEN`) is not passed on; every rank
+/// failed to start before.
+#[test]
+fn a_token_file_in_the_environment_does_not_stop_local_ranks() {
+    let out = util::perf()
+        .args(["--ranks", "2", "-b", "8", "-e", "8", "-n", "2", "-w", "1"])
+        .env("OXCCL_TOKEN_FILE", "/nonexistent/oxccl-token")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(rows(&stdout(&out)).len(), 1, "{}", stdout(&out));
+}

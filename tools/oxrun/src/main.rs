@@ -209,6 +209,8 @@ fn start(
         .env("OXCCL_LOCAL_WORLD_SIZE", &n)
         .env("OXCCL_STORE", store.to_string())
         .env("OXCCL_TOKEN", secret.to_hex())
+        // The job's own secret: one the user's environment names by file would be a second.
+        .env_remove("OXCCL_TOKEN_FILE")
         .env("OXCCL_TRACE_DIR", trace.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

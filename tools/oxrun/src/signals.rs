@@ -1,4 +1,5 @@
-//! oxrun's signal handling: SIGINT, SIGTERM and SIGCHLD turn into bytes in a self-pipe that the
+//! oxrun's signal handling: SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD turn into bytes in a
+//! self-pipe that the
 //! main loop sleeps on, so it wakes at once when a rank exits or the user interrupts. The
 //! handler must do only async-signal-safe work: one atomic store and one non-blocking write.
 
@@ -13,7 +14,7 @@ use rustix::process::Signal;
 
 /// The write end of the self-pipe, for the handler (-1 before [`Signals::install`]).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-/// The last SIGINT or SIGTERM received (0: none).
+/// The last terminating signal received (0: none).
 static TERMINATE: AtomicI32 = AtomicI32::new(0);
 
 /// `SIG_ERR` as `signal` returns it.
@@ -46,17 +47,25 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Installs the handlers for SIGINT, SIGTERM and SIGCHLD. Call once, before any child is
-    /// started, and keep the result alive until the process exits.
+    /// Installs the handlers for SIGINT, SIGTERM, SIGHUP (a closed terminal or ssh session),
+    /// SIGQUIT and SIGCHLD: each of the first four stops every rank in order, where the default
+    /// action killed oxrun alone and left what the ranks had started running. Call once, before
+    /// any child is started, and keep the result alive until the process exits.
     pub fn install() -> io::Result<Signals> {
         let (read, write) = io::pipe()?;
         rustix::io::ioctl_fionbio(&read, true)?;
         rustix::io::ioctl_fionbio(&write, true)?;
         WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
-        for sig in [Signal::INT, Signal::TERM, Signal::CHILD] {
+        for sig in [
+            Signal::INT,
+            Signal::TERM,
+            Signal::HUP,
+            Signal::QUIT,
+            Signal::CHILD,
+        ] {
             // SAFETY: `on_signal` only does async-signal-safe work (atomics and write(2)), and
-            // replacing the default disposition of these three signals affects no other code of
-            // this program. Children get default dispositions back at exec.
+            // replacing the default disposition of these signals affects no other code of this
+            // program. Children get default dispositions back at exec.
             if unsafe { signal(sig.as_raw(), on_signal) } == SIG_ERR {
                 return Err(io::Error::last_os_error());
             }
@@ -78,7 +87,7 @@ impl Signals {
         while matches!((&self.read).read(&mut buf), Ok(n) if n > 0) {}
     }
 
-    /// The SIGINT or SIGTERM received, if any.
+    /// The terminating signal received (SIGINT, SIGTERM, SIGHUP or SIGQUIT), if any.
     pub fn terminate_requested(&self) -> Option<c_int> {
         match TERMINATE.load(Ordering::SeqCst) {
             0 => None,

@@ -140,18 +140,24 @@ fn lines_of_busy_ranks_never_interleave() {
 
 #[test]
 fn each_rank_sees_its_variables() {
-    let out = run(&[
-        "-n",
-        "2",
-        "sh",
-        "-c",
-        "echo $OXCCL_RANK $OXCCL_WORLD_SIZE $OXCCL_LOCAL_RANK $OXCCL_LOCAL_WORLD_SIZE $OXCCL_STORE $OXCCL_TOKEN",
-    ]);
+    // A secret file named in the user's environment does not clash with the job's own token.
+    let out = oxrun()
+        .args([
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            "echo $OXCCL_RANK $OXCCL_WORLD_SIZE $OXCCL_LOCAL_RANK $OXCCL_LOCAL_WORLD_SIZE $OXCCL_STORE $OXCCL_TOKEN ${OXCCL_TOKEN_FILE:-unset}",
+        ])
+        .env("OXCCL_TOKEN_FILE", "/nonexistent/oxccl-token")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let mut seen = Vec::new();
     for line in lines(&out.stdout) {
         let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(f.len(), 7, "{line}");
+        assert_eq!(f.len(), 8, "{line}");
+        assert_eq!(f[7], "unset", "{line}");
         assert_eq!(f[0], format!("[{}]", f[1]));
         assert_eq!((f[2], f[3], f[4]), ("2", f[1], "2"), "{line}");
         assert!(f[5].starts_with("127.0.0.1:"), "{line}");
@@ -283,22 +289,30 @@ fn no_rank_outlives_a_killed_oxrun() {
     assert_gone_within(&ranks, Duration::from_secs(2));
 }
 
+/// SIGTERM, and SIGHUP (a closed terminal or ssh session) and SIGQUIT, to oxrun stop every
+/// rank and what it started (here a `sleep` under the rank's shell); SIGHUP killed oxrun alone
+/// and left the sleeps running before.
 #[test]
 fn sigterm_to_oxrun_stops_every_rank() {
-    let pids = pid_file();
-    let script = format!("echo $$ >> {}; exec sleep 30", pids.display());
-    let mut child = oxrun()
-        .args(["-n", "2", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let ranks = read_pids(&pids, 2);
-    let oxrun_pid = Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(oxrun_pid, Signal::TERM).unwrap();
-    let status = wait_with_limit(&mut child, Duration::from_secs(5));
-    assert_eq!(status.code(), Some(128 + 15));
-    assert_gone_within(&ranks, Duration::from_millis(200));
+    for (sig, code) in [(Signal::TERM, 15), (Signal::HUP, 1), (Signal::QUIT, 3)] {
+        let pids = pid_file();
+        let script = format!(
+            "echo $$ >> {p}; sleep 30 & echo $! >> {p}; wait",
+            p = pids.display()
+        );
+        let mut child = oxrun()
+            .args(["-n", "2", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = read_pids(&pids, 4);
+        let oxrun_pid = Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(oxrun_pid, sig).unwrap();
+        let status = wait_with_limit(&mut child, Duration::from_secs(5));
+        assert_eq!(status.code(), Some(128 + code), "{sig:?}");
+        assert_gone_within(&started, Duration::from_millis(500));
+    }
 }
 
 #[test]

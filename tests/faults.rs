@@ -76,6 +76,84 @@ fn mismatched_collectives_fail_fast_on_both_ranks() {
     }
 }
 
+/// Ranks whose schedules for one call talk to different peers (halving-doubling all-reduce on
+/// 3 ranks, a broadcast from rank 0 on the fourth): the broadcast's descriptor waits unread on
+/// a link the all-reduce does not use. Every rank fails within a moment, one at least naming the
+/// mismatch (every rank waited out its 30 s deadline and was told of a timeout before).
+#[test]
+fn calls_whose_schedules_never_meet_are_named_a_mismatch_promptly() {
+    for n in [3, 4, 5] {
+        let config = Config::default()
+            .transports(TransportFilter::only(&["tcp"]))
+            .algorithm(Some(oxccl::algo::Algorithm::HalvingDoubling))
+            .timeout(Duration::from_secs(30));
+        let comms = Communicator::init_local(n, config).expect("init over TCP");
+        let results = on_each(&comms, |c| {
+            if c.rank() == n - 1 {
+                c.broadcast_in_place(&mut [1.0f32; 1000], 0)
+            } else {
+                c.all_reduce_in_place(&mut [1.0f32; 1000], ReduceOp::Sum)
+            }
+        });
+        let mut named = 0;
+        for (r, (res, took)) in results.iter().enumerate() {
+            assert!(res.is_err(), "{n} ranks: rank {r} succeeded");
+            assert!(
+                *took < Duration::from_secs(3),
+                "{n} ranks: rank {r} took {took:?}"
+            );
+            if let Err(Error::Mismatch { ours, theirs, .. }) = res {
+                assert!(
+                    ours.contains("broadcast") != theirs.contains("broadcast"),
+                    "{ours} / {theirs}"
+                );
+                named += 1;
+            }
+        }
+        // The others learn it from a peer's notice (PeerFailed, naming the rank that ran the
+        // other call).
+        assert!(named >= 1, "{n} ranks: {results:?}");
+    }
+}
+
+/// A mismatch found by one rank names, on the other, the call of its own that differed: of 3
+/// ranks, rank 0 sends then all-reduces, rank 1 all-reduces then receives; rank 0's error says its send
+/// differed from rank 1's all-reduce (it named two identical all-reduces before: the notice
+/// carried only rank 1's call, set beside whatever rank 0 ran by then).
+#[test]
+fn a_mismatch_notice_names_the_call_the_peer_saw() {
+    let comms = tcp(3, Duration::from_secs(30));
+    let results = on_each(&comms, |c| {
+        let mut v = [1.0f32; 1000];
+        match c.rank() {
+            0 => {
+                c.send(&v, 1)?;
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)
+            }
+            1 => {
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                c.recv(&mut v, 0)
+            }
+            _ => c.all_reduce_in_place(&mut v, ReduceOp::Sum),
+        }
+    });
+    for (r, (res, took)) in results.iter().enumerate().take(2) {
+        assert!(*took < Duration::from_secs(3), "rank {r} took {took:?}");
+        let Err(e @ Error::Mismatch { ours, theirs, .. }) = res else {
+            panic!("rank {r}: {res:?}");
+        };
+        let (mine, other) = if r == 0 {
+            ("send", "all_reduce")
+        } else {
+            ("all_reduce", "send")
+        };
+        assert!(
+            ours.starts_with(mine) && theirs.starts_with(other),
+            "rank {r}: {e}"
+        );
+    }
+}
+
 /// A message larger than the receive its peer posted, over each transport between processes'
 /// ranks: the receiver finds the mismatch, and the sender — blocked on data the receiver will
 /// never read — hears of it at once from the receiver's notice (it waited for its deadline:

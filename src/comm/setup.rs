@@ -104,8 +104,9 @@ const SHM_SLOTS: usize = 4;
 /// The version of what connected ranks say to each other (descriptors, notices, the group
 /// area's layout), published at setup as the endpoint `wire`: every rank of a job must run a
 /// build that speaks the same. 2 since 2026-12-05 (point-to-point messages carry descriptors
-/// of their own; builds before published none).
-const WIRE: u32 = 2;
+/// of their own; builds before published none); 3 later that day (a mismatch notice carries
+/// the call its sender received too).
+const WIRE: u32 = 3;
 
 /// Fails unless every rank in `infos` speaks this build's [`WIRE`], naming the first that
 /// does not.

@@ -84,6 +84,9 @@ const ROOMY: Pace = Pace {
     spin: Duration::from_micros(100),
     sleep: Duration::from_micros(100),
 };
+/// How often a running schedule looks at the links it does not use for a peer in another
+/// collective ([`Engine::look_beside`]), from its start.
+const LOOK_BESIDE: Duration = Duration::from_millis(2);
 /// Longest single block, so aborts and deadlines are noticed even without a waker.
 const MAX_BLOCK: Duration = Duration::from_millis(50);
 /// Longest a failing rank keeps pushing its failure notices out to peers that do not take
@@ -127,6 +130,8 @@ struct Running {
     desc_in: Vec<(Rank, [u8; descriptor::LEN], bool)>,
     /// Completions still expected outside the schedule: descriptor sends and receives.
     outstanding: usize,
+    /// When [`Engine::look_beside`] next looks at the links the schedule does not use.
+    next_look: Instant,
 }
 
 impl Running {
@@ -501,6 +506,13 @@ impl Engine {
                 r.op.settle(&self.recorder, Ok(()));
                 return true;
             }
+            if let Some(e) = self.look_beside() {
+                self.fail_with(e);
+                return true;
+            }
+            let Some(r) = &self.running else {
+                return true;
+            };
             if Instant::now() >= r.deadline {
                 let peer = r.waited_for();
                 let e = Error::Timeout {
@@ -514,6 +526,56 @@ impl Engine {
             }
         }
         moved
+    }
+
+    /// While a schedule runs (every [`LOOK_BESIDE`] from its start), looks at the links it does
+    /// not use: a peer whose oldest unread message there is the descriptor of a collective with
+    /// this one's sequence number, and not this one, called another collective here (ranks
+    /// whose schedules for one call talk to different peers never read each other's
+    /// descriptor: every rank waited out its deadline, 300 s by default, and was told of a
+    /// timeout). A peer's descriptor of a later collective is a peer rightly ahead, left there.
+    fn look_beside(&mut self) -> Option<Error> {
+        let r = self.running.as_mut()?;
+        let now = Instant::now();
+        if now < r.next_look {
+            return None;
+        }
+        r.next_look = now + LOOK_BESIDE;
+        let Work::Schedule { descriptor, .. } = &r.op.work else {
+            return None;
+        };
+        let ours = *descriptor;
+        let Descriptor::Collective { seq, .. } = ours else {
+            return None;
+        };
+        for peer in 0..self.links.len() {
+            if peer == self.rank || r.desc_in.iter().any(|d| d.0 == peer) {
+                continue;
+            }
+            let Some(link) = self.links[peer].as_mut() else {
+                continue;
+            };
+            let mut b = [0u8; descriptor::LEN];
+            if link.peek(&mut b) != descriptor::LEN {
+                continue;
+            }
+            let theirs = match Descriptor::decode(&b) {
+                Some(d @ Descriptor::Collective { seq: s, .. }) if s == seq => d,
+                _ => continue,
+            };
+            if ours.matches(&theirs) {
+                continue;
+            }
+            let _ = link.post_control(&notice::mismatch(&ours, &theirs.to_string()));
+            return Some(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                op: r.op.name.to_string(),
+                ours: ours.to_string(),
+                theirs: theirs.to_string(),
+            });
+        }
+        None
     }
 
     /// Runs an area operation to its end: the area waits on shared memory, watching links,
@@ -754,6 +816,7 @@ impl Engine {
             desc_out: Vec::new(),
             desc_in: Vec::new(),
             outstanding: 0,
+            next_look: now + LOOK_BESIDE,
             op,
         };
         let (peers, descs): (Vec<Rank>, Vec<Descriptor>) = match &running.op.work {
@@ -1073,7 +1136,7 @@ impl Engine {
                             theirs: theirs.clone(),
                         };
                         if let Some(link) = self.links.get_mut(peer).and_then(Option::as_mut) {
-                            let _ = link.post_control(&notice::mismatch(&ours));
+                            let _ = link.post_control(&notice::mismatch(&ours, &theirs));
                         }
                         return Err(e);
                     }
@@ -1137,7 +1200,7 @@ impl Engine {
             Ok(None) => Ok(()),
             Err(m) => {
                 if let Some(link) = self.links.get_mut(m.peer).and_then(Option::as_mut) {
-                    let _ = link.post_control(&notice::mismatch(&m.ours));
+                    let _ = link.post_control(&notice::mismatch(&m.ours, &m.theirs));
                 }
                 Err(Error::Mismatch {
                     rank,

@@ -5,7 +5,8 @@
 //! A notice is one control message: a kind byte, then
 //! - [`NOTICE_FAILED`]: the rank at the root of the failure (`u32`, little-endian), then what
 //!   happened, as text;
-//! - [`NOTICE_MISMATCH`]: the sender's descriptor, as text.
+//! - [`NOTICE_MISMATCH`]: the sender's descriptor, as text, then a zero byte and what the
+//!   sender received from the peer it tells (its call as the sender saw it).
 
 use super::descriptor::Descriptor;
 use crate::error::Error;
@@ -33,10 +34,14 @@ pub(super) fn failed(rank: Rank, origin: Rank, text: &str) -> Vec<u8> {
     msg
 }
 
-/// The notice a rank sends the peer whose call differs from its own (`ours`).
-pub(super) fn mismatch(ours: &Descriptor) -> Vec<u8> {
+/// The notice a rank sends the peer whose call differs from its own (`ours`), having received
+/// `seen` from it: the peer then names the call of its own that differed (which may not be the
+/// one it runs now: a send it posted before, say), not whatever it runs.
+pub(super) fn mismatch(ours: &Descriptor, seen: &str) -> Vec<u8> {
     let mut msg = vec![NOTICE_MISMATCH];
     msg.extend(ours.to_string().as_bytes());
+    msg.push(0);
+    msg.extend(seen.as_bytes());
     msg.truncate(MAX_BYTES);
     msg
 }
@@ -52,14 +57,23 @@ pub(super) fn decode(
     ours: String,
 ) -> Error {
     match bytes.first() {
-        Some(&NOTICE_MISMATCH) => Error::Mismatch {
-            rank,
-            peer,
-            op,
-            ours,
-            theirs: String::from_utf8_lossy(&bytes[1..]).into_owned(),
-        },
-        _ => {
+        Some(&NOTICE_MISMATCH) => {
+            let body = &bytes[1..];
+            let (theirs, seen) = match body.iter().position(|&b| b == 0) {
+                Some(i) => (&body[..i], Some(&body[i + 1..])),
+                None => (body, None),
+            };
+            Error::Mismatch {
+                rank,
+                peer,
+                op,
+                ours: seen
+                    .filter(|s| !s.is_empty())
+                    .map_or(ours, |s| String::from_utf8_lossy(s).into_owned()),
+                theirs: String::from_utf8_lossy(theirs).into_owned(),
+            }
+        }
+        Some(&NOTICE_FAILED) => {
             let origin = bytes
                 .get(1..5)
                 .and_then(|b| b.try_into().ok())
@@ -79,6 +93,19 @@ pub(super) fn decode(
                 cause,
             }
         }
+        // Not a notice (a peer that speaks another protocol, or garbage): said as such, not
+        // shown as the peer's failure text.
+        kind => Error::Transport {
+            rank,
+            what: op,
+            source: oxccl_transport::TransportError::Protocol {
+                peer,
+                what: format!(
+                    "a control message that is not a notice ({} bytes, kind {kind:?})",
+                    bytes.len()
+                ),
+            },
+        },
     }
 }
 
@@ -94,10 +121,31 @@ mod tests {
             recvs: 3,
             tag: 4,
         };
-        let seeds = vec![failed(2, 1, "it died"), mismatch(&d)];
+        let seeds = vec![failed(2, 1, "it died"), mismatch(&d, "send #0 of 4 B")];
         crate::fuzz::run("notice::decode", &seeds, |b| {
             std::hint::black_box(decode(b, (0, 4), 1, "op".into(), "ours".into()));
         });
+    }
+
+    #[test]
+    fn a_control_message_that_is_no_notice_is_a_protocol_error() {
+        for bytes in [&b""[..], &[0x33, 0x58, 0x7d, 1, 2, 3][..]] {
+            let e = decode(bytes, (0, 4), 2, "op".into(), "ours".into());
+            let Error::Transport {
+                rank: 0, source, ..
+            } = &e
+            else {
+                panic!("{e:?}");
+            };
+            assert!(e.to_string().contains("not a notice"), "{e}");
+            assert!(
+                matches!(
+                    source,
+                    oxccl_transport::TransportError::Protocol { peer: 2, .. }
+                ),
+                "{source:?}"
+            );
+        }
     }
 
     #[test]

@@ -100,18 +100,19 @@ impl Engine {
                     // The peer is ahead, rightly.
                     continue;
                 }
-                let theirs = self.read_descriptor(peer);
+                let theirs = self
+                    .read_descriptor(peer)
+                    .map_or("a call that is not a collective".into(), |d| d.to_string());
+                if let Some(link) = self.links[peer].as_mut() {
+                    let _ = link.post_control(&notice::mismatch(ours, &theirs));
+                }
                 let e = Error::Mismatch {
                     rank: self.rank,
                     peer,
                     op: name.to_string(),
                     ours: ours.to_string(),
-                    theirs: theirs
-                        .map_or("a call that is not a collective".into(), |d| d.to_string()),
+                    theirs,
                 };
-                if let Some(link) = self.links[peer].as_mut() {
-                    let _ = link.post_control(&notice::mismatch(ours));
-                }
                 found = Some(e);
                 break;
             }

@@ -313,6 +313,15 @@ pub trait Link: Send {
         false
     }
 
+    /// Copies the first bytes (up to `buf.len()`) of the oldest data message that has arrived
+    /// and that no posted receive has taken yet, without taking it, and returns how many; 0
+    /// where there is none, or the transport cannot tell (the default). For an executor that
+    /// looks at what a peer sent ahead of the call that will receive it.
+    fn peek(&mut self, buf: &mut [u8]) -> usize {
+        let _ = buf;
+        0
+    }
+
     /// Registers `len` bytes at `ptr` under `id` (a caller's buffer it will send from again),
     /// where the transport can then send without copying (rdma: the device reads it). A
     /// transport that needs no registration ignores it (the default). Registering an id again

@@ -171,6 +171,19 @@ impl Link for LoopbackLink {
         Ok(())
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> usize {
+        if self.discard {
+            return 0;
+        }
+        let q = lock(&self.inp.data);
+        let Some(m) = q.front() else {
+            return 0;
+        };
+        let n = m.len().min(buf.len());
+        buf[..n].copy_from_slice(&m[..n]);
+        n
+    }
+
     fn post_control(&mut self, bytes: &[u8]) -> Result<()> {
         if self.out.closed.load(Ordering::Acquire) {
             return Err(TransportError::PeerClosed { peer: self.peer });

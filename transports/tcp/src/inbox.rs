@@ -540,6 +540,23 @@ impl Inbox {
         Ok(())
     }
 
+    /// The first bytes of the oldest parsed data frame no receive has taken, as far as they are
+    /// in the ring (see `Link::peek`).
+    pub fn peek(&self, buf: &mut [u8]) -> usize {
+        if self.direct.is_some() || self.discard {
+            return 0;
+        }
+        let Some(f) = self.frames.front() else {
+            return 0;
+        };
+        let payload = f.pos + HEADER_LEN as u64;
+        let have = (self.wr.saturating_sub(payload) as usize)
+            .min(f.len)
+            .min(buf.len());
+        self.copy_from_ring(payload, &mut buf[..have]);
+        have
+    }
+
     /// Copies `dst.len()` received ring bytes from `pos`.
     fn copy_from_ring(&self, pos: u64, dst: &mut [u8]) {
         debug_assert!(pos + dst.len() as u64 <= self.wr);

@@ -227,6 +227,10 @@ impl Link for TcpLink {
         self.inbox.release(token);
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> usize {
+        self.inbox.peek(buf)
+    }
+
     fn readiness(&self, out: &mut Vec<Readiness>) -> bool {
         // With no interest, poll(2) still reports an error or hang-up on the socket; readable
         // alone would wake the executor at once, again and again, for bytes it will not take.

@@ -82,12 +82,12 @@ fn mismatched_collectives_fail_fast_on_both_ranks() {
 /// mismatch (every rank waited out its 30 s deadline and was told of a timeout before).
 #[test]
 fn calls_whose_schedules_never_meet_are_named_a_mismatch_promptly() {
-    for n in [3, 4, 5] {
+    for (n, transport) in [(3, "tcp"), (4, "tcp"), (5, "tcp"), (4, "loopback")] {
         let config = Config::default()
-            .transports(TransportFilter::only(&["tcp"]))
+            .transports(TransportFilter::only(&[transport]))
             .algorithm(Some(oxccl::algo::Algorithm::HalvingDoubling))
             .timeout(Duration::from_secs(30));
-        let comms = Communicator::init_local(n, config).expect("init over TCP");
+        let comms = Communicator::init_local(n, config).expect("init");
         let results = on_each(&comms, |c| {
             if c.rank() == n - 1 {
                 c.broadcast_in_place(&mut [1.0f32; 1000], 0)

@@ -968,6 +968,24 @@ impl Link for RdmaLink {
         self.side.peer_closed()
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> usize {
+        if self.discard {
+            return 0;
+        }
+        let Some(m) = self.arrived.get((self.next - self.base) as usize) else {
+            return 0;
+        };
+        let n = m.len.min(buf.len());
+        let cap = self.recv_cap();
+        // SAFETY: as in `match_receives`: `start % cap + len <= cap`, the ring is ours and is
+        // read as shared memory (the peer's device wrote it); `buf` holds `n` bytes.
+        unsafe {
+            let src = self.ring.ptr().add((m.start % cap) as usize);
+            oxccl_transport::shared::copy(buf.as_mut_ptr(), src, n);
+        }
+        n
+    }
+
     fn has_incoming(&mut self) -> bool {
         // Completions are only looked at here; `poll` handles them.
         self.take_completions();

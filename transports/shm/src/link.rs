@@ -623,6 +623,27 @@ impl Link for ShmLink {
         self.closed
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> usize {
+        // A lent message holds the oldest slot; what follows is not looked at.
+        if self.discard || self.lent.is_some() {
+            return 0;
+        }
+        let Some(i) = self.consumer.peek(self.inbound.ring()) else {
+            return 0;
+        };
+        // SAFETY: as in `receive`: slot i is the consumer's (published, not released); its
+        // header is copied once, and the payload read as memory the sender may write.
+        let SlotHeader { len, kind, .. } =
+            unsafe { oxccl_transport::shared::read(self.inbound.slot_header(i)) };
+        if kind != KIND_INLINE {
+            return 0;
+        }
+        let n = (len as usize).min(self.inbound.slot_bytes).min(buf.len());
+        // SAFETY: the slot's payload holds `slot_bytes >= n` bytes; `buf` holds `n`.
+        unsafe { oxccl_transport::shared::copy(buf.as_mut_ptr(), self.inbound.payload(i), n) };
+        n
+    }
+
     fn has_incoming(&mut self) -> bool {
         self.consumer.has_unread(self.inbound.ring())
     }

@@ -311,3 +311,51 @@ fn a_dropped_communicator_leaves_no_heartbeat_thread() {
         assert!(l.ends_with("during 2 after 0"), "{l}");
     }
 }
+
+/// A rank that leaves (drops its communicator) ahead of a peer in the group area waits for
+/// that peer to reach its last call, unless the peer dies, fails, or stops answering: a peer
+/// SIGSTOPped then is let go once the heartbeat declares it silent (the drop waited out the
+/// whole OXCCL_TIMEOUT, 30 s here, before).
+#[test]
+fn a_drop_lets_go_of_a_stopped_peer_once_the_heartbeat_says_so() {
+    let _alone = alone();
+    let (_store, mut ranks) = launch(
+        2,
+        &["16", "4"],
+        "1",
+        &[
+            ("FAULT_WORKER_BROADCASTS", "4"),
+            ("FAULT_WORKER_PAUSE_MS", "8000"),
+            ("OXCCL_TIMEOUT", "30"),
+        ],
+    );
+    // Rank 0 (the root) sends its 4 broadcasts while rank 1 sleeps before reading them.
+    let line = ranks[0]
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("rank 0 reported nothing");
+    assert_eq!(line, "ready");
+    let line = ranks[0]
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("rank 0 did not finish sending");
+    assert_eq!(line, "sent 4");
+    kill_process(pid(&ranks[1]), Signal::STOP).expect("SIGSTOP rank 1");
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(s) = ranks[0].child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(20),
+            "rank 0 still dropping its communicator"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = stopped.elapsed();
+    eprintln!("rank 0 left {took:?} after rank 1 stopped");
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "rank 0 left after {took:?}");
+    let _ = ranks[1].child.kill();
+    let _ = ranks[1].child.wait();
+}

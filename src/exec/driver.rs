@@ -1403,7 +1403,11 @@ impl Engine {
             && self.area_turns > 0
             && let Some(area) = &self.area
         {
-            area.settle(self.area_turns - 1, self.timeout);
+            // A peer the heartbeat declared silent is not waited for either.
+            let flags = &self.flags;
+            area.settle(self.area_turns - 1, self.timeout, &|r| {
+                flags.any_lost() && flags.lost_all().contains(&r)
+            });
         }
         self.fail(None, why.into(), None);
         for link in self.links.iter_mut().flatten() {

@@ -176,6 +176,12 @@ impl AreaPath {
         let mut root_helps = false;
         let len = plan.count * plan.dtype.size();
         let data = Data::Copy(addrs.as_ptr(), addrs.len());
+        // What a peer may lend: its source in its area buffer, only where a lender would (the
+        // reader copies `whole` bytes from there). Anything else is a publication written out
+        // of turn, which must not send this rank's copies past the area's mapping.
+        let lendable =
+            plan.collective == Collective::AllToAll && b.block > 0 && n > 1 && whole <= LEND_MAX;
+        let name = w.name;
         self.exchange(
             w,
             turn,
@@ -193,7 +199,19 @@ impl AreaPath {
                     u64::from_le_bytes(b) as usize
                 };
                 peer_addrs.push((word(0), word(1)));
-                lenders.push(word(2) & 2 != 0);
+                let lent = word(2) & 2 != 0;
+                if lent && !lendable {
+                    return Err(Error::PeerFailed {
+                        rank: me,
+                        peer: r,
+                        op: name.to_string(),
+                        cause: format!(
+                            "its area says its data lie in its area buffer, which cannot hold \
+                             them ({whole} bytes; written out of turn?)"
+                        ),
+                    });
+                }
+                lenders.push(lent);
                 everyone &= word(2) & 1 == 1;
                 root_helps |= r == plan.root && word(3) == 1;
                 Ok(())

@@ -146,15 +146,18 @@ impl AreaPath {
     }
 
     /// Before this rank leaves: waits until every peer has published turn `last` (this
-    /// rank's last), or died, or failed, or `timeout` passed, and logs a mismatch of their
-    /// descriptors with ours not checked yet (it can no longer be returned).
-    pub fn settle(&self, last: u64, timeout: Duration) {
+    /// rank's last), or died, or failed, or went silent (`lost`: the heartbeat declared it;
+    /// a stopped peer held a drop for the whole timeout before), or `timeout` passed, and logs
+    /// a mismatch of their descriptors with ours not checked yet (it can no longer be
+    /// returned).
+    pub fn settle(&self, last: u64, timeout: Duration, lost: &dyn Fn(Rank) -> bool) {
         let until = std::time::Instant::now() + timeout;
         for r in (0..self.area.len()).filter(|&r| r != self.rank) {
             let mut spins = 0u32;
             while !self.area.published(r, last) {
                 if !self.area.peer_alive(r)
                     || self.area.failed_peer().is_some()
+                    || lost(r)
                     || std::time::Instant::now() >= until
                 {
                     tracing::warn!(

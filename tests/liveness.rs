@@ -269,6 +269,11 @@ fn a_dropped_communicator_leaves_no_heartbeat_thread() {
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
+            // A thread names itself once it runs: wait until both have.
+            let named = Instant::now() + Duration::from_secs(5);
+            while heartbeats() < 2 && Instant::now() < named {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             let during = heartbeats();
             std::thread::scope(|s| {
                 for c in &comms {
@@ -314,8 +319,8 @@ fn a_dropped_communicator_leaves_no_heartbeat_thread() {
 
 /// A rank that leaves (drops its communicator) ahead of a peer in the group area waits for
 /// that peer to reach its last call, unless the peer dies, fails, or stops answering: a peer
-/// SIGSTOPped then is let go once the heartbeat declares it silent (the drop waited out the
-/// whole OXCCL_TIMEOUT, 30 s here, before).
+/// SIGSTOPped then is let go once the heartbeat declares it silent, in about a second (the
+/// drop waited out the whole OXCCL_TIMEOUT, 60 s here, before).
 #[test]
 fn a_drop_lets_go_of_a_stopped_peer_once_the_heartbeat_says_so() {
     let _alone = alone();
@@ -326,7 +331,7 @@ fn a_drop_lets_go_of_a_stopped_peer_once_the_heartbeat_says_so() {
         &[
             ("FAULT_WORKER_BROADCASTS", "4"),
             ("FAULT_WORKER_PAUSE_MS", "8000"),
-            ("OXCCL_TIMEOUT", "30"),
+            ("OXCCL_TIMEOUT", "60"),
         ],
     );
     // Rank 0 (the root) sends its 4 broadcasts while rank 1 sleeps before reading them.
@@ -347,7 +352,7 @@ fn a_drop_lets_go_of_a_stopped_peer_once_the_heartbeat_says_so() {
             break s;
         }
         assert!(
-            stopped.elapsed() < Duration::from_secs(20),
+            stopped.elapsed() < Duration::from_secs(90),
             "rank 0 still dropping its communicator"
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -355,7 +360,9 @@ fn a_drop_lets_go_of_a_stopped_peer_once_the_heartbeat_says_so() {
     let took = stopped.elapsed();
     eprintln!("rank 0 left {took:?} after rank 1 stopped");
     assert!(status.success(), "{status:?}");
-    assert!(took < Duration::from_secs(5), "rank 0 left after {took:?}");
+    // About the heartbeat's period (1 s); far below the timeout, with room for a loaded
+    // machine, whose stalls the heartbeat does not count as silence.
+    assert!(took < Duration::from_secs(30), "rank 0 left after {took:?}");
     let _ = ranks[1].child.kill();
     let _ = ranks[1].child.wait();
 }

@@ -585,6 +585,21 @@ impl AreaPath {
             // SAFETY: published with the stamp observed, in area memory: read once, as a
             // copy (any bytes are a valid array).
             let theirs = unsafe { oxccl_transport::shared::read(p.desc) };
+            if p.tag == tag && theirs == *desc {
+                // The same call, another length: its slot's head was written out of turn.
+                let e = Error::PeerFailed {
+                    rank: self.rank,
+                    peer: r,
+                    op: w.name.to_string(),
+                    cause: format!(
+                        "its area says {} bytes for this call, which has {len} (written out of \
+                         turn?)",
+                        p.len
+                    ),
+                };
+                w.fail(&e);
+                return Err(e);
+            }
             return Err(self.mismatch(w, r, desc, &theirs));
         }
         // Checked now: the lagged check need not read it again. One call at a time runs on

@@ -263,18 +263,11 @@ fn a_panic_inside_a_blocking_call_aborts_instead_of_returning() {
         println!("RETURNED {:?}", r.map(|r| r.is_ok()));
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_panic_inside_a_blocking_call_aborts_instead_of_returning",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "1")
-        .env("OXCCL_TRACE_DIR", std::env::temp_dir())
-        .output()
-        .unwrap();
+    let out = procs::rerun_alone(
+        "a_panic_inside_a_blocking_call_aborts_instead_of_returning",
+        CHILD,
+        &[("OXCCL_TRACE_DIR", std::env::temp_dir().as_os_str())],
+    );
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),

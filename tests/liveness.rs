@@ -288,17 +288,11 @@ fn a_dropped_communicator_leaves_no_heartbeat_thread() {
         }
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_dropped_communicator_leaves_no_heartbeat_thread",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = procs::rerun_alone(
+        "a_dropped_communicator_leaves_no_heartbeat_thread",
+        CHILD,
+        &[],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -26,14 +26,6 @@ use crate::types::{DataType, Rank, ReduceOp};
 
 use super::Communicator;
 
-/// Whether a buffer made on `theirs` lies in the context of the call's stream `ours`: the
-/// native path hands its address to kernels in that context, where memory of another device or
-/// context would be an illegal address (sticky: the whole context is lost). Otherwise the call
-/// is staged through host memory, which copies across contexts.
-fn same_context(theirs: &Arc<CudaStream>, ours: &Arc<CudaStream>) -> bool {
-    theirs.context().cu_ctx() == ours.context().cu_ctx()
-}
-
 /// Enqueues the copy of `host` into device memory on `stream`.
 fn upload<D: DeviceBufMut>(
     stream: &Arc<CudaStream>,
@@ -210,12 +202,7 @@ impl Communicator {
         send: Option<&S>,
         recv: Option<&mut D>,
     ) -> Result<bool> {
-        if !self.native_ready(plan.collective, stream)?
-            || send.is_some_and(|b| !same_context(b.stream(), stream))
-            || recv
-                .as_ref()
-                .is_some_and(|b| !same_context(b.stream(), stream))
-        {
+        if !self.native_ready(plan.collective, stream)? {
             return Ok(false);
         }
         let (s, _send_done) = match send {
@@ -248,7 +235,7 @@ impl Communicator {
         stream: &Arc<CudaStream>,
         buf: &mut D,
     ) -> Result<bool> {
-        if !self.native_ready(plan.collective, stream)? || !same_context(buf.stream(), stream) {
+        if !self.native_ready(plan.collective, stream)? {
             return Ok(false);
         }
         let (p, _done) = buf.device_ptr_mut(stream);

@@ -102,6 +102,9 @@ struct Deposit {
     recv: u64,
     /// The context of the rank's stream.
     ctx: usize,
+    /// The rank's buffers lie in another context than its stream's: the call is staged for
+    /// every rank (its kernels would meet an illegal address, which loses the whole context).
+    foreign: bool,
 }
 
 // Fields drop in order: the events before the reducer, which may hold the last reference to
@@ -260,6 +263,21 @@ impl Communicator {
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(fail("cuStreamGetCtx", r));
         }
+        // The buffers' context, where the driver names one (memory of a pool or of the virtual
+        // memory calls belongs to none): another than the stream's stages the call for all.
+        let foreign = [send, recv].into_iter().filter(|&p| p != 0).any(|p| {
+            let mut of: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `of` is writable and the attribute is written as a CUcontext; any
+            // address may be asked about.
+            let r = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut of as *mut sys::CUcontext).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                    p,
+                )
+            };
+            r != sys::CUresult::CUDA_SUCCESS || (!of.is_null() && of != ctx)
+        });
         let mut st = lock(&group.state);
         st.calls[me] += 1;
         let index = st.calls[me];
@@ -293,6 +311,7 @@ impl Communicator {
             send,
             recv,
             ctx: ctx as usize,
+            foreign,
         });
         let mut decided_any = false;
         while st.deposits.iter().all(|q| !q.is_empty()) {
@@ -498,6 +517,11 @@ fn decide(st: &mut State, deposits: &[Deposit], n: usize) -> Verdict {
     };
     if deposits.iter().any(|d| d.ctx != ctx) {
         return Verdict::Staged("the ranks' streams belong to different CUDA contexts".into());
+    }
+    if deposits.iter().any(|d| d.foreign) {
+        return Verdict::Staged(
+            "a rank's buffers lie in another CUDA context than its stream".into(),
+        );
     }
     if let Some(why) = deposits
         .iter()

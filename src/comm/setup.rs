@@ -183,16 +183,11 @@ fn joined_late(
 /// process already has waits among ranks that never come, and the rank it should have had
 /// never joins. Counted only where the prefix is such a generation and for up to 1024 ranks
 /// (one store request each); a store that does not answer leaves the error as it was.
-fn claimed_twice(e: Error, boot: &Boot, size: usize) -> Error {
-    let Error::Timeout {
-        rank,
-        op,
-        peer,
-        after,
-    } = e
-    else {
+fn claimed_twice(mut e: Error, boot: &Boot, size: usize) -> Error {
+    let Error::Timeout { rank, op, .. } = &mut e else {
         return e;
     };
+    let rank = *rank;
     let mine = boot
         .prefix
         .strip_prefix("world/")
@@ -203,16 +198,12 @@ fn claimed_twice(e: Error, boot: &Boot, size: usize) -> Error {
             .collect()
     });
     let (Some(mine), Some(counts)) = (mine, counts) else {
-        return Error::Timeout {
-            rank,
-            op,
-            peer,
-            after,
-        };
+        return e;
     };
     // A rank (this one too) created again while this creation waited (a second process given
-    // that rank, or one that retried alone), or this creation ahead of every other rank's (this process is
-    // the second given its rank). Everybody at one count is a clean recreation.
+    // that rank, or one that retried alone), or this creation ahead of every other rank's
+    // (this process is the second given its rank). Everybody at one count is a clean
+    // recreation.
     let ahead: Vec<String> = counts
         .iter()
         .enumerate()
@@ -225,33 +216,21 @@ fn claimed_twice(e: Error, boot: &Boot, size: usize) -> Error {
         .enumerate()
         .filter(|&(r, _)| r != rank)
         .map(|(_, &c)| c)
-        .max();
-    let hint = if !ahead.is_empty() {
-        format!(
-            "{} in this job's store while this is creation {mine} of rank {rank}: was another \
-             process given that rank?",
+        .max()
+        .unwrap_or(0);
+    if !ahead.is_empty() {
+        op.push_str(&format!(
+            "; {} in this job's store while this is creation {mine} of rank {rank}: was \
+             another process given that rank?",
             ahead.join(", ")
-        )
-    } else if mine > 1 && others.is_some_and(|o| o < mine) {
-        format!(
-            "this is creation {mine} of rank {rank} in this job's store, and no other rank was \
-             created more than {} times: was another process given rank {rank}?",
-            others.unwrap_or(0)
-        )
-    } else {
-        String::new()
-    };
-    let op = if hint.is_empty() {
-        op
-    } else {
-        format!("{op}; {hint}")
-    };
-    Error::Timeout {
-        rank,
-        op,
-        peer,
-        after,
+        ));
+    } else if mine > 1 && others < mine {
+        op.push_str(&format!(
+            "; this is creation {mine} of rank {rank} in this job's store, and no other rank \
+             was created more than {others} times: was another process given rank {rank}?"
+        ));
     }
+    e
 }
 
 /// Connects rank `rank` of `size` and returns its communicator.

@@ -506,14 +506,8 @@ impl Engine {
                 r.op.settle(&self.recorder, Ok(()));
                 return true;
             }
-            if let Some(e) = self.look_beside() {
-                self.fail_with(e);
-                return true;
-            }
-            let Some(r) = &self.running else {
-                return true;
-            };
-            if Instant::now() >= r.deadline {
+            let now = Instant::now();
+            if now >= r.deadline {
                 let peer = r.waited_for();
                 let e = Error::Timeout {
                     rank: self.rank,
@@ -521,6 +515,10 @@ impl Engine {
                     peer,
                     after: self.timeout,
                 };
+                self.fail_with(e);
+                return true;
+            }
+            if let Some(e) = self.look_beside(now) {
                 self.fail_with(e);
                 return true;
             }
@@ -534,9 +532,8 @@ impl Engine {
     /// whose schedules for one call talk to different peers never read each other's
     /// descriptor: every rank waited out its deadline, 300 s by default, and was told of a
     /// timeout). A peer's descriptor of a later collective is a peer rightly ahead, left there.
-    fn look_beside(&mut self) -> Option<Error> {
+    fn look_beside(&mut self, now: Instant) -> Option<Error> {
         let r = self.running.as_mut()?;
-        let now = Instant::now();
         if now < r.next_look {
             return None;
         }
@@ -1405,9 +1402,7 @@ impl Engine {
         {
             // A peer the heartbeat declared silent is not waited for either.
             let flags = &self.flags;
-            area.settle(self.area_turns - 1, self.timeout, &|r| {
-                flags.any_lost() && flags.lost_all().contains(&r)
-            });
+            area.settle(self.area_turns - 1, self.timeout, &|r| flags.has_lost(r));
         }
         self.fail(None, why.into(), None);
         for link in self.links.iter_mut().flatten() {

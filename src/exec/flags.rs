@@ -89,6 +89,17 @@ impl Flags {
             .cloned()
     }
 
+    /// Whether `peer` was declared failed.
+    pub fn has_lost(&self, peer: Rank) -> bool {
+        self.any_lost()
+            && self
+                .lost_why
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|(p, _)| *p == peer)
+    }
+
     /// Every peer declared failed so far, in the order declared.
     pub fn lost_all(&self) -> Vec<Rank> {
         self.lost_why

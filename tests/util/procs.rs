@@ -10,6 +10,24 @@ use std::time::{Duration, Instant};
 use oxccl::Communicator;
 use oxccl::bootstrap::{Secret, StoreServer};
 
+/// Runs test `name` of this test binary again in a child process, alone, with `var` set (the
+/// test then takes its child branch) and `env` added: for tests that must be the only ones in
+/// their process (a global tracing subscriber, a count of the process's threads).
+#[allow(dead_code)]
+pub fn rerun_alone(
+    name: &str,
+    var: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(var, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run the test in a child process")
+}
+
 /// Runs `f(comm)` on every rank's thread and returns (result, time taken) per rank.
 pub fn on_each<T: Send>(
     comms: &[Communicator],

@@ -84,8 +84,9 @@ pub struct Config {
     /// costs (`OXCCL_DIRECT_MIN`, bytes, or `off`; default `None`, the tuner decides): from
     /// this many bytes up to [`Config::direct_max`] (any size in place) ranks read and write
     /// each other's memory directly when every rank can; the others go through the shared
-    /// group area. Ranks that are configured differently agree at each call: direct only if
-    /// every rank would.
+    /// group area. Ranks whose thresholds differ agree at each call: direct only if every rank
+    /// would; but a rank with the fixed rule (this or [`Config::direct_max`] set) beside one
+    /// without fails creation, naming it.
     pub direct_min: Option<usize>,
     /// The largest out-of-place all-reduce, in bytes, that reaches peers' memory directly
     /// under the fixed rule of [`Config::direct_min`] (`OXCCL_DIRECT_MAX`; default `None`:
@@ -96,11 +97,11 @@ pub struct Config {
     /// has at least this many bytes reach peers' memory directly by system calls, one copy per
     /// byte, when every rank can; the others are staged through the shared group area
     /// (`OXCCL_DIRECT_COPY_MIN`, bytes, or `off`; default `None`: the tuner decides). Must be
-    /// the same on every rank (a difference is reported as a mismatch).
+    /// the same on every rank: creation fails naming a rank that differs.
     pub direct_copy_min: Option<usize>,
     /// Forces one way through the shared group area wherever the call can take it
     /// (`OXCCL_AREA_WAY`: one-shot, two-shot, direct, staged); for measuring the ways against
-    /// each other. Must be the same on every rank.
+    /// each other. Must be the same on every rank: creation fails naming a rank that differs.
     pub area_way: Option<Way>,
     /// Where the tuner's costs come from (`OXCCL_TUNE`; default [`Tune::Cache`]).
     pub tune: Tune,
@@ -462,6 +463,53 @@ impl Config {
             direct_max: Some(bytes),
             ..self
         }
+    }
+
+    /// The settings that choose how calls travel, as `(variable, value)`: every rank of a
+    /// communicator must share them, and creation fails naming the first that differs between
+    /// two ranks (`comm::setup`). With different slice sizes, scratch slots, forced algorithms,
+    /// thresholds or ways, ranks would cut one call into different messages or send it
+    /// different ways, which the descriptors exchanged per call do not always tell apart: a
+    /// scratch-slot count that differs reorders an in-place ring's messages with identical
+    /// descriptors, silently wrong. Settings that may differ (the deadline, heartbeats, where
+    /// costs come from: rank 0 hands out its table) are not here. `OXCCL_TOPO_FILE`'s value
+    /// is the loaded topology's digest, set by creation.
+    pub(crate) fn routing_settings(&self) -> Vec<(&'static str, String)> {
+        let bytes = |v: Option<usize>| match v {
+            None => "default".to_string(),
+            Some(usize::MAX) => "off".to_string(),
+            Some(b) => b.to_string(),
+        };
+        vec![
+            ("oxccl version", env!("CARGO_PKG_VERSION").to_string()),
+            (
+                "OXCCL_ALGO",
+                self.algorithm
+                    .map_or("auto".into(), |a| a.name().to_string()),
+            ),
+            (
+                "OXCCL_TRANSPORTS",
+                self.transports.order().collect::<Vec<_>>().join(","),
+            ),
+            ("OXCCL_SLICE_BYTES", self.slice_bytes.to_string()),
+            ("OXCCL_SCRATCH_SLOTS", self.scratch_slots.to_string()),
+            // Their values may differ (ranks agree per call: direct only if every rank would),
+            // but not whether the fixed rule replaces the tuner's choice.
+            (
+                "OXCCL_DIRECT_MIN/OXCCL_DIRECT_MAX",
+                if self.direct_min.is_some() || self.direct_max.is_some() {
+                    "set (a fixed rule)".into()
+                } else {
+                    "unset (the tuner decides)".into()
+                },
+            ),
+            ("OXCCL_DIRECT_COPY_MIN", bytes(self.direct_copy_min)),
+            (
+                "OXCCL_AREA_WAY",
+                self.area_way
+                    .map_or("auto".into(), |w| w.name().to_string()),
+            ),
+        ]
     }
 
     /// With [`Config::area_way`] set.

@@ -136,6 +136,95 @@ fn init_rank_from_a_unique_id_forms_one_communicator() {
     assert!(Communicator::init_rank(&id, 3, 3, Config::default()).is_err());
 }
 
+/// Ranks whose settings would send calls different ways (another slice or scratch-slot count,
+/// a forced algorithm or way, a topology fixture on one rank only) fail creation at once,
+/// each naming the peer and the setting with both values — instead of sending one call
+/// different ways (a scratch-slot count that differs reorders an in-place ring's messages
+/// under identical descriptors: wrong sums) or, for the fixture, waiting for a topology the
+/// other rank never publishes until the deadline.
+#[test]
+fn ranks_configured_differently_fail_creation_naming_the_setting() {
+    let dump = std::env::temp_dir().join(format!("oxccl-settings-{}.json", std::process::id()));
+    drop(
+        Communicator::init_local(2, Config::default().topo_dump_file(Some(dump.clone())))
+            .expect("init"),
+    );
+    let base = Config::default().timeout(Duration::from_secs(30));
+    let cases = [
+        (
+            base.clone().scratch_slots(1),
+            "OXCCL_SCRATCH_SLOTS=1",
+            "OXCCL_SCRATCH_SLOTS=4",
+        ),
+        (
+            base.clone().slice_bytes(64 << 10),
+            "OXCCL_SLICE_BYTES=65536",
+            "OXCCL_SLICE_BYTES=262144",
+        ),
+        (
+            base.clone().algorithm(Some(oxccl::algo::Algorithm::Ring)),
+            "OXCCL_ALGO=ring",
+            "OXCCL_ALGO=auto",
+        ),
+        (
+            base.clone().area_way(Some(oxccl::tune::Way::Staged)),
+            "OXCCL_AREA_WAY=staged",
+            "OXCCL_AREA_WAY=auto",
+        ),
+        (
+            base.clone().direct_copy_min(usize::MAX),
+            "OXCCL_DIRECT_COPY_MIN=off",
+            "OXCCL_DIRECT_COPY_MIN=default",
+        ),
+        (
+            base.clone().direct_min(1 << 20),
+            "OXCCL_DIRECT_MIN/OXCCL_DIRECT_MAX=set (a fixed rule)",
+            "OXCCL_DIRECT_MIN/OXCCL_DIRECT_MAX=unset (the tuner decides)",
+        ),
+        (
+            base.clone().topo_file(Some(dump.clone())),
+            "OXCCL_TOPO_FILE=a topology of digest",
+            "OXCCL_TOPO_FILE=unset",
+        ),
+    ];
+    for (odd, odd_value, base_value) in cases {
+        let id = UniqueId::new().expect("unique id");
+        let bytes = *id.as_bytes();
+        let start = std::time::Instant::now();
+        let handles: Vec<_> = [odd, base.clone()]
+            .into_iter()
+            .enumerate()
+            .map(|(rank, config)| {
+                std::thread::spawn(move || {
+                    let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                    Communicator::init_rank(&id, 2, rank, config).map(|_| ())
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (peer, says) = if rank == 0 {
+                (1, [base_value, odd_value])
+            } else {
+                (0, [odd_value, base_value])
+            };
+            match h.join().expect("thread") {
+                Err(Error::InvalidArgument(m)) => {
+                    let want = format!("rank {rank}: creation: rank {peer} runs with {}", says[0]);
+                    assert!(m.contains(&want), "{m}\nwants: {want}");
+                    assert!(m.contains(&format!("this rank with {}", says[1])), "{m}");
+                }
+                other => panic!("rank {rank}, {odd_value}: {other:?}"),
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{odd_value}: {:?}",
+            start.elapsed()
+        );
+    }
+    std::fs::remove_file(&dump).unwrap();
+}
+
 /// Ranks given different sizes for one id are named at once (each reads the other's size),
 /// and a rank that never comes is a `Timeout` naming it at the deadline.
 #[test]

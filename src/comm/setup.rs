@@ -105,8 +105,9 @@ const SHM_SLOTS: usize = 4;
 /// area's layout), published at setup as the endpoint `wire`: every rank of a job must run a
 /// build that speaks the same. 2 since 2026-12-05 (point-to-point messages carry descriptors
 /// of their own; builds before published none); 3 later that day (a mismatch notice carries
-/// the call its sender received too).
-const WIRE: u32 = 3;
+/// the call its sender received too); 4 later still (each rank publishes the settings that
+/// choose routes, which must agree; descriptors through the group area name the way).
+const WIRE: u32 = 4;
 
 /// Fails unless every rank in `infos` speaks this build's [`WIRE`], naming the first that
 /// does not.
@@ -148,6 +149,62 @@ fn check_size(rank: Rank, size: usize, info: &PeerInfo) -> Result<()> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// This rank's [`Config::routing_settings`] as published at setup: a `variable=value` line
+/// each, `OXCCL_TOPO_FILE` given as a digest of the topology it holds (or `unset`).
+fn settings_text(config: &Config, fixture: Option<&Topology>) -> String {
+    let mut text = String::new();
+    let topo = fixture.map_or("unset".to_string(), |t| {
+        // FNV-1a: the same on every build, unlike std's hasher.
+        let digest = t.to_json().bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("a topology of digest {digest:016x}")
+    });
+    for (var, value) in config
+        .routing_settings()
+        .into_iter()
+        .chain([("OXCCL_TOPO_FILE", topo)])
+    {
+        text += &format!("{var}={value}\n");
+    }
+    text
+}
+
+/// Fails if rank `info.rank` runs with other settings that choose routes than this rank's
+/// (`ours`, from [`settings_text`]), naming the first that differs and both values.
+fn check_settings(rank: Rank, ours: &str, info: &PeerInfo) -> Result<()> {
+    if info.rank == rank {
+        return Ok(());
+    }
+    let theirs = info
+        .endpoint("settings")
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    let value = |text: &str, var: &str| {
+        text.lines()
+            .find_map(|l| l.split_once('=').filter(|(v, _)| *v == var).map(|p| p.1))
+            .map(str::to_string)
+    };
+    for line in ours.lines() {
+        let Some((var, mine)) = line.split_once('=') else {
+            continue;
+        };
+        let other = value(&theirs, var);
+        if other.as_deref() != Some(mine) {
+            let other = other.unwrap_or_else(|| "nothing (not published)".into());
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: creation: rank {} runs with {var}={other}, this rank with \
+                 {var}={mine}: every rank of a communicator must share the settings that choose \
+                 how calls travel (oxccl's version, OXCCL_ALGO, OXCCL_TRANSPORTS, \
+                 OXCCL_SLICE_BYTES, OXCCL_SCRATCH_SLOTS, whether OXCCL_DIRECT_MIN or _MAX is set, \
+                 OXCCL_DIRECT_COPY_MIN, OXCCL_AREA_WAY, OXCCL_TOPO_FILE's topology)",
+                info.rank
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A wait at creation for what rank `peer` publishes that failed: where the store says the
@@ -284,6 +341,16 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     endpoints.push(("wire".into(), WIRE.to_le_bytes().to_vec()));
     // The size this rank was given, so that a rank given another one is named at once.
     endpoints.push(("size".into(), (size as u64).to_le_bytes().to_vec()));
+    // The settings that choose routes, which every rank must share; a topology fixture is
+    // loaded now, so that a rank whose file differs is named here instead of the others
+    // waiting for the topology it does not publish.
+    let fixture = config
+        .topo_file
+        .as_deref()
+        .map(Topology::load)
+        .transpose()?;
+    let settings = settings_text(&config, fixture.as_ref());
+    endpoints.push(("settings".into(), settings.clone().into_bytes()));
     let me = PeerInfo {
         rank,
         host,
@@ -310,8 +377,13 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         infos.push(info);
     }
     check_wire(rank, &infos)?;
+    for info in &infos {
+        check_settings(rank, &settings, info)?;
+    }
 
-    let topo = topology(&boot, &store, &config, rank, &infos, rdma, deadline)?;
+    let topo = topology(
+        &boot, &store, &config, rank, &infos, rdma, deadline, fixture,
+    )?;
 
     // Each peer gets the first allowed transport that can reach it.
     let mut assigned: Vec<Vec<&PeerInfo>> = vec![Vec::new(); transports.len()];
@@ -368,9 +440,25 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     // ring is wider where any rank is, for that rank's longer lag.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let crowded = topo.crowded(rank, cores);
+    // And which kinds of links it has to peers on its host and on others, from which every
+    // rank takes the same (the lowest rank's that has one): the tuner prices schedules by
+    // them, and ranks that priced with different kinds (RDMA on some hosts only) could pick
+    // different routes for one call.
+    let hosts = Hosts::from_labels(&topo.hosts);
+    let local = link_kind(&link_names, &hosts, rank, true).or_else(|| {
+        // Alone on its host: what the others there would use.
+        me.endpoints
+            .iter()
+            .any(|e| e.0 == "shm")
+            .then_some(LinkKind::Shm)
+    });
+    let remote = link_kind(&link_names, &hosts, rank, false);
+    let kind_code = |k: Option<LinkKind>| k.map_or(b'-', |k| k.name().as_bytes()[0]);
     let ready = [
         if direct { b'd' } else { b'1' },
         if crowded { b'c' } else { b'-' },
+        kind_code(local),
+        kind_code(remote),
     ];
     store.set(&format!("ready/{rank}"), &ready)?;
     let keys: Vec<String> = (0..size).map(|r| format!("ready/{r}")).collect();
@@ -387,12 +475,20 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     })?;
     let (costs, then) = tuning::take(&store, rank, deadline)?;
     let (mut everyone_direct, mut anyone_crowded) = (direct, crowded);
-    if group.is_some() {
-        for k in &keys {
-            let v = store.get(k, deadline)?;
+    let (mut job_local, mut job_remote) = (None, None);
+    let kind_of = |code: Option<&u8>| {
+        LinkKind::ALL
+            .into_iter()
+            .find(|k| Some(&k.name().as_bytes()[0]) == code)
+    };
+    for k in &keys {
+        let v = store.get(k, deadline)?;
+        if group.is_some() {
             everyone_direct &= v.first() == Some(&b'd');
             anyone_crowded |= v.get(1) == Some(&b'c');
         }
+        job_local = job_local.or_else(|| kind_of(v.get(2)));
+        job_remote = job_remote.or_else(|| kind_of(v.get(3)));
     }
 
     // The group area serves when every peer is reached over shared memory.
@@ -424,7 +520,6 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
     };
     let engine = Engine::new(rank, links, config.timeout, flags.clone()).crowded(crowded);
     let slice_bytes = config.slice_bytes.min(engine.max_message());
-    let hosts = Hosts::from_labels(&topo.hosts);
     // Every rank in this process: its device group (found by the communicator's identity).
     #[cfg(feature = "cuda")]
     let native = infos
@@ -449,14 +544,8 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         slice_bytes,
         hosts: hosts.count(),
         per_host: hosts.largest(),
-        local: link_kind(&link_names, &hosts, rank, true).or_else(|| {
-            // Alone on its host: what the others there would use.
-            me.endpoints
-                .iter()
-                .any(|e| e.0 == "shm")
-                .then_some(LinkKind::Shm)
-        }),
-        remote: link_kind(&link_names, &hosts, rank, false),
+        local: job_local,
+        remote: job_remote,
         device_group,
     };
     let trace = crate::trace::Recorder::new(
@@ -557,6 +646,7 @@ fn nvml_wait(deadline: Instant) -> Duration {
 /// The job's topology: `OXCCL_TOPO_FILE`'s when set, else every rank's own discovery
 /// exchanged through the store (one key per rank). Rank 0 writes it to
 /// `OXCCL_TOPO_DUMP_FILE` when set.
+#[allow(clippy::too_many_arguments)]
 fn topology(
     boot: &Boot,
     store: &PrefixStore,
@@ -565,10 +655,10 @@ fn topology(
     infos: &[PeerInfo],
     rdma: Option<String>,
     deadline: Instant,
+    fixture: Option<Topology>,
 ) -> Result<Topology> {
     let size = infos.len();
-    let topo = if let Some(path) = &config.topo_file {
-        let t = Topology::load(path)?;
+    let topo = if let (Some(path), Some(t)) = (&config.topo_file, fixture) {
         if t.nranks() != size {
             return Err(Error::InvalidArgument(format!(
                 "rank {rank}: OXCCL_TOPO_FILE {} describes {} ranks, but this communicator has {size}",

@@ -12,6 +12,9 @@ pub const LEN: usize = 48;
 
 const MAGIC: u32 = 0x4F58_4344; // "OXCD"
 
+/// The names of [`Descriptor::Collective`]'s `area` codes, by code (0: not through the area).
+pub const AREA_WAYS: [&str; 4] = ["", "one-shot", "in pieces", "the direct way's agreement"];
+
 // The wire form names a collective and an algorithm by their place in `ALL`, which `decode`
 // indexes: the discriminants `encode` writes must be those places.
 const _: () = {
@@ -49,6 +52,9 @@ pub enum Descriptor {
         algorithm: Algorithm,
         /// Message slice size.
         slice_bytes: u32,
+        /// The way through the shared group area ([`AREA_WAYS`]; 0 on links): ways whose
+        /// slice sizes coincide for some sizes are still told apart.
+        area: u8,
     },
     /// A point-to-point message: a send's descriptor travels ahead of its bytes; a receive's
     /// is what that one must match.
@@ -90,7 +96,17 @@ impl Descriptor {
             count: plan.count as u64,
             algorithm,
             slice_bytes: slice_bytes as u32,
+            area: 0,
         }
+    }
+
+    /// The same collective's descriptor through the group area, way `code` (an index of
+    /// [`AREA_WAYS`]).
+    pub fn through_area(mut self, code: u8) -> Descriptor {
+        if let Descriptor::Collective { area, .. } = &mut self {
+            *area = code;
+        }
+        self
     }
 
     /// Whether `theirs`, received from a peer, is consistent with `self`, this rank's call.
@@ -128,6 +144,7 @@ impl Descriptor {
                 count,
                 algorithm,
                 slice_bytes,
+                area,
             } => {
                 b[4] = 1;
                 // Each one's place in `ALL` (asserted at the top of this file), not searched for.
@@ -135,6 +152,7 @@ impl Descriptor {
                 b[6] = dtype as u8;
                 b[7] = op as u8;
                 b[8] = algorithm as u8;
+                b[9] = area;
                 b[12..16].copy_from_slice(&root.to_le_bytes());
                 b[16..24].copy_from_slice(&seq.to_le_bytes());
                 b[24..32].copy_from_slice(&count.to_le_bytes());
@@ -173,6 +191,7 @@ impl Descriptor {
                 seq: u64_at(16),
                 count: u64_at(24),
                 slice_bytes: u32_at(32),
+                area: b[9],
             }),
             2 => Some(Descriptor::PointToPoint {
                 seq: u64_at(16),
@@ -197,6 +216,7 @@ impl fmt::Display for Descriptor {
                 count,
                 algorithm,
                 slice_bytes,
+                area,
             } => {
                 write!(f, "{collective} #{seq} of {count} × {dtype}")?;
                 if collective.reduces() {
@@ -205,7 +225,19 @@ impl fmt::Display for Descriptor {
                 if collective.rooted() {
                     write!(f, " root {root}")?;
                 }
-                write!(f, " (algorithm {algorithm}, slices of {slice_bytes} B)")
+                match AREA_WAYS.get(area as usize) {
+                    Some(&"") => {
+                        write!(f, " (algorithm {algorithm}, slices of {slice_bytes} B)")
+                    }
+                    Some(way) => write!(
+                        f,
+                        " (through the group area, {way}, units of {slice_bytes} B)"
+                    ),
+                    None => write!(
+                        f,
+                        " (through the group area, way {area}, units of {slice_bytes} B)"
+                    ),
+                }
             }
             Descriptor::PointToPoint {
                 seq,
@@ -276,6 +308,30 @@ mod tests {
         let mut bad = d.encode();
         bad[6] = 200;
         assert_eq!(Descriptor::decode(&bad), None);
+    }
+
+    /// Ways through the group area whose units coincide (a 128 KiB all-reduce one-shot and
+    /// the direct way's agreement, of part 128 KiB) are told apart by the way's code, which
+    /// travels and is named.
+    #[test]
+    fn ways_through_the_area_are_told_apart() {
+        let plan = Plan::new(Collective::AllReduce, 32 << 10, DataType::F32);
+        let base = Descriptor::collective(4, &plan, Algorithm::Direct, 128 << 10);
+        let (one_shot, agree) = (base.through_area(1), base.through_area(3));
+        assert!(!one_shot.matches(&agree));
+        assert_ne!(one_shot.encode(), agree.encode());
+        assert_eq!(Descriptor::decode(&agree.encode()), Some(agree));
+        assert!(!base.matches(&one_shot));
+        let text = format!("{one_shot} vs {agree}");
+        assert!(
+            text.contains("through the group area, one-shot")
+                && text.contains("through the group area, the direct way's agreement"),
+            "{text}"
+        );
+        assert!(
+            base.to_string().contains("algorithm direct, slices of"),
+            "{base}"
+        );
     }
 
     #[test]

@@ -249,20 +249,22 @@ impl AreaPath {
         }
     }
 
-    /// The descriptor collective `seq` carries on this path. Its slice size tells the ways
-    /// apart (the whole message one-shot, a piece two-shot or staged, a part direct), so ranks
-    /// whose settings send one call different ways fail with a mismatch instead of misreading
-    /// each other's publications.
+    /// The descriptor collective `seq` carries on this path. It names the way (one-shot, in
+    /// pieces: two-shot or staged, the direct way's agreement) and its unit (the whole
+    /// message, a piece, a part), so ranks that send one call different ways fail with a
+    /// mismatch instead of misreading each other's publications: by unit alone, a 128 KiB
+    /// all-reduce one-shot and its direct agreement looked alike, and so did staged and direct
+    /// on 8 ranks (a review, 2026-12-05).
     #[inline(always)]
     fn descriptor(&self, seq: u64, plan: &Plan, protocol: Protocol) -> Descriptor {
-        let unit = match protocol {
+        let (unit, way) = match protocol {
             Protocol::OneShot if plan.collective == Collective::AllReduce => {
-                plan.count * plan.dtype.size()
+                (plan.count * plan.dtype.size(), 1)
             }
-            Protocol::OneShot | Protocol::TwoShot => self.piece(plan) * plan.dtype.size(),
-            Protocol::Agree { .. } => PART_BYTES,
+            Protocol::OneShot | Protocol::TwoShot => (self.piece(plan) * plan.dtype.size(), 2),
+            Protocol::Agree { .. } => (PART_BYTES, 3),
         };
-        Descriptor::collective(seq, plan, Algorithm::Direct, unit)
+        Descriptor::collective(seq, plan, Algorithm::Direct, unit).through_area(way)
     }
 
     /// Runs `plan` (any collective but the barrier) on `input`

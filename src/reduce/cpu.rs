@@ -238,17 +238,40 @@ fn fold_small(
             let near = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut near)[..len];
             b.copy_to(near);
             let (o, y) = (out.as_mut_ptr(), near.as_ptr());
-            let x = a.map_or(o.cast_const(), <[u8]>::as_ptr);
-            for i in 0..len / W {
-                // SAFETY: element `i` lies inside `out`, `a` and `near`, all `len` bytes long
-                // (checked above); unaligned reads and writes, so any buffer alignment will
-                // do; `out` is written only after both operands of the element are read.
-                unsafe {
-                    let v = f(
-                        x.add(i * W).cast::<$t>().read_unaligned(),
-                        y.add(i * W).cast::<$t>().read_unaligned(),
-                    );
-                    o.add(i * W).cast::<$t>().write_unaligned(v);
+            match a {
+                // In place, through the one pointer: an operand pointer equal to the output's
+                // at run time made the compiler's overlap check send the fold to its scalar
+                // loop, and the 64-byte in-place all-reduce ran 2-5% slower than out of place.
+                None => {
+                    for i in 0..len / W {
+                        // SAFETY: element `i` lies inside `out` and `near`, both `len` bytes
+                        // long (checked above); unaligned reads and writes, so any alignment
+                        // will do.
+                        unsafe {
+                            let p = o.add(i * W).cast::<$t>();
+                            let v = f(
+                                p.read_unaligned(),
+                                y.add(i * W).cast::<$t>().read_unaligned(),
+                            );
+                            p.write_unaligned(v);
+                        }
+                    }
+                }
+                Some(a) => {
+                    let x = a.as_ptr();
+                    for i in 0..len / W {
+                        // SAFETY: element `i` lies inside `out`, `a` and `near`, all `len`
+                        // bytes long (checked above); unaligned reads and writes, so any
+                        // buffer alignment will do; `out` is written only after both operands
+                        // of the element are read.
+                        unsafe {
+                            let v = f(
+                                x.add(i * W).cast::<$t>().read_unaligned(),
+                                y.add(i * W).cast::<$t>().read_unaligned(),
+                            );
+                            o.add(i * W).cast::<$t>().write_unaligned(v);
+                        }
+                    }
                 }
             }
             true

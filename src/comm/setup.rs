@@ -482,6 +482,12 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
             .find(|k| Some(&k.name().as_bytes()[0]) == code)
     };
     for k in &keys {
+        // Without an area only the link kinds are wanted, usually all in rank 0's key: a job
+        // of many ranks over several hosts makes one request here, not one per rank.
+        let one_host = hosts.count() == 1;
+        if group.is_none() && job_local.is_some() && (job_remote.is_some() || one_host) {
+            break;
+        }
         let v = store.get(k, deadline)?;
         if group.is_some() {
             everyone_direct &= v.first() == Some(&b'd');

@@ -487,9 +487,15 @@ impl Config {
                 self.algorithm
                     .map_or("auto".into(), |a| a.name().to_string()),
             ),
+            // Without `loopback`, which joins only threads of one process (one `Config`):
+            // `shm,rdma,tcp` on one host and the default on another route alike.
             (
                 "OXCCL_TRANSPORTS",
-                self.transports.order().collect::<Vec<_>>().join(","),
+                self.transports
+                    .order()
+                    .filter(|t| *t != "loopback")
+                    .collect::<Vec<_>>()
+                    .join(","),
             ),
             ("OXCCL_SLICE_BYTES", self.slice_bytes.to_string()),
             ("OXCCL_SCRATCH_SLOTS", self.scratch_slots.to_string()),

@@ -225,6 +225,78 @@ fn ranks_configured_differently_fail_creation_naming_the_setting() {
     std::fs::remove_file(&dump).unwrap();
 }
 
+/// A rank whose creation fails before it published its connection information (here: a
+/// topology fixture that cannot be read) says so in the store: the others fail at once with
+/// `PeerFailed` naming it and its reason, where they waited for it until the deadline. And
+/// spelling out the default transports but `loopback` (which joins only threads of one
+/// process) is no difference between ranks.
+#[test]
+fn a_rank_that_fails_before_it_publishes_is_named_at_once() {
+    let id = UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let start = std::time::Instant::now();
+    let missing = std::env::temp_dir().join(format!("oxccl-missing-{}.json", std::process::id()));
+    let base = Config::default().timeout(Duration::from_secs(30));
+    let handles: Vec<_> = [base.clone().topo_file(Some(missing)), base.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, config)| {
+            std::thread::spawn(move || {
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                Communicator::init_rank(&id, 2, rank, config).map(|_| ())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    match &results[0] {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("cannot be read"), "{m}"),
+        other => panic!("rank 0: {other:?}"),
+    }
+    match &results[1] {
+        Err(Error::PeerFailed {
+            rank: 1,
+            peer: 0,
+            op,
+            cause,
+        }) => assert!(
+            op.contains("creation") && cause.contains("OXCCL_TOPO_FILE"),
+            "{op}: {cause}"
+        ),
+        other => panic!("rank 1: {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let id = UniqueId::new().expect("unique id");
+    let bytes = *id.as_bytes();
+    let spelled: TransportFilter = "shm,rdma,tcp".parse().expect("filter");
+    let handles: Vec<_> = [base.clone().transports(spelled), base]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, config)| {
+            std::thread::spawn(move || {
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                let c = Communicator::init_rank(&id, 2, rank, config)?;
+                let mut v = [rank as f32 + 1.0];
+                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                Ok::<_, Error>(v[0])
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(
+            h.join().expect("thread").expect("spelled-out transports"),
+            3.0
+        );
+    }
+}
+
 /// Ranks given different sizes for one id are named at once (each reads the other's size),
 /// and a rank that never comes is a `Timeout` naming it at the deadline.
 #[test]

@@ -84,6 +84,36 @@ impl Boot {
         }
     }
 
+    /// Another handle on this `Boot` (the same namespace and store server), kept by
+    /// [`init`] for [`Boot::failed`].
+    fn keeper(&self) -> Boot {
+        Boot {
+            store: self.store.clone(),
+            prefix: self.prefix.clone(),
+            secret: self.secret.clone(),
+            hub: self.hub.clone(),
+            store_addr: self.store_addr,
+            _server: self._server.clone(),
+        }
+    }
+
+    /// Rank `rank`'s creation failed with `e`: where it had not published its connection
+    /// information yet (`published`), a record saying so in its place, so that the others
+    /// fail naming it instead of waiting for it; then it counts as done with its setup, and a
+    /// rank that hosts the store waits (at most `linger`) for the others to be done too, so
+    /// that they read what they need before the store goes. Best effort: a store that fails
+    /// leaves the error as it was.
+    fn failed(&self, rank: Rank, size: usize, e: &Error, published: bool, linger: Duration) {
+        let store = PrefixStore::new(self.store.clone(), self.prefix.clone());
+        if !published && rank < size {
+            let mut record = FAILED.to_vec();
+            record.extend(e.to_string().bytes().take(2000));
+            let _ = store.set(&format!("peer/{rank}"), &record);
+        }
+        let _ = store.add(SETUP_DONE, 1);
+        self.let_go(size, linger);
+    }
+
     /// The same store and secret, in a sub-namespace (for split communicators).
     pub(crate) fn child(&self, name: &str) -> Boot {
         Boot {
@@ -291,7 +321,34 @@ fn claimed_twice(mut e: Error, boot: &Boot, size: usize) -> Error {
 }
 
 /// Connects rank `rank` of `size` and returns its communicator.
+///
+/// A rank whose creation fails says so in the store where the others look for it: before it
+/// published its connection information, in that key (the others fail at once, naming it and
+/// its reason, where they waited for it until the deadline); and a rank that hosts the store
+/// keeps it up a little longer (at most 2 s) for the others to find out, where they were told
+/// the store closed.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
+    let keeper = boot.keeper();
+    let linger = config.timeout.min(Duration::from_secs(2));
+    let mut published = false;
+    let result = init_inner(boot, rank, size, config, &mut published);
+    if let Err(e) = &result {
+        keeper.failed(rank, size, e, published, linger);
+    }
+    result
+}
+
+/// Marks a `peer/{rank}` record that says the rank's creation failed (its reason follows);
+/// connection information never starts with it.
+const FAILED: &[u8] = b"\0oxccl creation failed\0";
+
+fn init_inner(
+    boot: Boot,
+    rank: Rank,
+    size: usize,
+    config: Config,
+    published: &mut bool,
+) -> Result<Communicator> {
     config.validate()?;
     if size == 0 || size > crate::MAX_RANKS || rank >= size {
         return Err(Error::InvalidArgument(format!(
@@ -357,6 +414,7 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
         endpoints,
     };
     store.set(&format!("peer/{rank}"), &me.encode())?;
+    *published = true;
     let mut infos = Vec::with_capacity(size);
     for r in 0..size {
         let bytes = store.get(&format!("peer/{r}"), deadline).map_err(|e| {
@@ -366,6 +424,14 @@ pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Resul
                 size,
             )
         })?;
+        if let Some(why) = bytes.strip_prefix(FAILED) {
+            return Err(Error::PeerFailed {
+                rank,
+                peer: r,
+                op: format!("communicator creation ({size} ranks)"),
+                cause: format!("its own creation failed: {}", String::from_utf8_lossy(why)),
+            });
+        }
         let info = PeerInfo::decode(&bytes)
             .filter(|i| i.rank == r)
             .ok_or_else(|| {

@@ -501,3 +501,66 @@ fn survivors_shrink_and_go_on_without_a_killed_rank() {
         assert!(lines.iter().any(|l| l == "checked 100"), "rank {r}: {text}");
     }
 }
+
+/// Ranks started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: rank 0
+/// hosts the store), rank 0 with another scratch-slot count than the others: every rank fails
+/// creation naming the setting. Rank 0 fails first and hosted the store; it used to take the
+/// store with it while the others were still reading what they needed, and they reported "store
+/// ... closed the connection" instead (12 of 18 such reports on 2 simulated hosts). Five rounds.
+#[test]
+fn a_failing_store_host_leaves_the_others_their_reason() {
+    let exe = procs::example("selftest");
+    for round in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let token = Secret::random().expect("random").to_hex();
+        let started = Instant::now();
+        let children: Vec<_> = (0..3)
+            .map(|r| {
+                let mut cmd = std::process::Command::new(&exe);
+                for var in [
+                    "OXCCL_RANK",
+                    "OXCCL_WORLD_SIZE",
+                    "OXCCL_STORE",
+                    "OXCCL_TOKEN_FILE",
+                ] {
+                    cmd.env_remove(var);
+                }
+                cmd.env("RANK", r.to_string())
+                    .env("WORLD_SIZE", "3")
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("LOCAL_WORLD_SIZE", "3")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+                    .env("OXCCL_TOKEN", &token)
+                    .env("OXCCL_TIMEOUT", "20")
+                    .env("OXCCL_TUNE", "defaults")
+                    .env("OXCCL_SCRATCH_SLOTS", if r == 0 { "1" } else { "4" })
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped());
+                cmd.spawn().expect("spawn rank")
+            })
+            .collect();
+        for (r, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().expect("rank's output");
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "round {round}, rank {r}: {said}"
+            );
+            assert!(
+                said.contains("OXCCL_SCRATCH_SLOTS=1") && !said.contains("closed the connection"),
+                "round {round}, rank {r}: {said}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "round {round}: {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -104,6 +104,11 @@ impl Boot {
     /// that they read what they need before the store goes. Best effort: a store that fails
     /// leaves the error as it was.
     fn failed(&self, rank: Rank, size: usize, e: &Error, published: bool, linger: Duration) {
+        // Not where the store itself failed or did not answer in time (or a rank never came,
+        // which no record helps): each request could take the whole timeout again.
+        if matches!(e, Error::Bootstrap(_) | Error::Timeout { .. }) {
+            return;
+        }
         let store = PrefixStore::new(self.store.clone(), self.prefix.clone());
         if !published && rank < size {
             let mut record = FAILED.to_vec();

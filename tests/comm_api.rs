@@ -25,6 +25,31 @@ fn each<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> T + Sync) 
     })
 }
 
+/// Ranks made by `init_rank` from one new unique id, each on a thread of its own (rank r with
+/// `configs[r]`), each then running `then` on its communicator: the results in rank order,
+/// creation's error where creation failed.
+fn init_ranks<T: Send + 'static>(
+    configs: Vec<Config>,
+    then: fn(Communicator) -> oxccl::Result<T>,
+) -> Vec<oxccl::Result<T>> {
+    let bytes = *UniqueId::new().expect("unique id").as_bytes();
+    let n = configs.len();
+    let handles: Vec<_> = configs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, config)| {
+            std::thread::spawn(move || {
+                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
+                Communicator::init_rank(&id, n, rank, config).and_then(then)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
 #[test]
 fn async_work_owns_its_buffers_and_returns_them_reduced() {
     for transport in ["loopback", "tcp"] {
@@ -188,26 +213,15 @@ fn ranks_configured_differently_fail_creation_naming_the_setting() {
         ),
     ];
     for (odd, odd_value, base_value) in cases {
-        let id = UniqueId::new().expect("unique id");
-        let bytes = *id.as_bytes();
         let start = std::time::Instant::now();
-        let handles: Vec<_> = [odd, base.clone()]
-            .into_iter()
-            .enumerate()
-            .map(|(rank, config)| {
-                std::thread::spawn(move || {
-                    let id = UniqueId::from_bytes(&bytes).expect("id bytes");
-                    Communicator::init_rank(&id, 2, rank, config).map(|_| ())
-                })
-            })
-            .collect();
-        for (rank, h) in handles.into_iter().enumerate() {
+        let results = init_ranks(vec![odd, base.clone()], |_| Ok(()));
+        for (rank, result) in results.into_iter().enumerate() {
             let (peer, says) = if rank == 0 {
                 (1, [base_value, odd_value])
             } else {
                 (0, [odd_value, base_value])
             };
-            match h.join().expect("thread") {
+            match result {
                 Err(Error::InvalidArgument(m)) => {
                     let want = format!("rank {rank}: creation: rank {peer} runs with {}", says[0]);
                     assert!(m.contains(&want), "{m}\nwants: {want}");
@@ -232,25 +246,13 @@ fn ranks_configured_differently_fail_creation_naming_the_setting() {
 /// process) is no difference between ranks.
 #[test]
 fn a_rank_that_fails_before_it_publishes_is_named_at_once() {
-    let id = UniqueId::new().expect("unique id");
-    let bytes = *id.as_bytes();
     let start = std::time::Instant::now();
     let missing = std::env::temp_dir().join(format!("oxccl-missing-{}.json", std::process::id()));
     let base = Config::default().timeout(Duration::from_secs(30));
-    let handles: Vec<_> = [base.clone().topo_file(Some(missing)), base.clone()]
-        .into_iter()
-        .enumerate()
-        .map(|(rank, config)| {
-            std::thread::spawn(move || {
-                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
-                Communicator::init_rank(&id, 2, rank, config).map(|_| ())
-            })
-        })
-        .collect();
-    let results: Vec<_> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread"))
-        .collect();
+    let results = init_ranks(
+        vec![base.clone().topo_file(Some(missing)), base.clone()],
+        |_| Ok(()),
+    );
     match &results[0] {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("cannot be read"), "{m}"),
         other => panic!("rank 0: {other:?}"),
@@ -273,27 +275,14 @@ fn a_rank_that_fails_before_it_publishes_is_named_at_once() {
         start.elapsed()
     );
 
-    let id = UniqueId::new().expect("unique id");
-    let bytes = *id.as_bytes();
     let spelled: TransportFilter = "shm,rdma,tcp".parse().expect("filter");
-    let handles: Vec<_> = [base.clone().transports(spelled), base]
-        .into_iter()
-        .enumerate()
-        .map(|(rank, config)| {
-            std::thread::spawn(move || {
-                let id = UniqueId::from_bytes(&bytes).expect("id bytes");
-                let c = Communicator::init_rank(&id, 2, rank, config)?;
-                let mut v = [rank as f32 + 1.0];
-                c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
-                Ok::<_, Error>(v[0])
-            })
-        })
-        .collect();
-    for h in handles {
-        assert_eq!(
-            h.join().expect("thread").expect("spelled-out transports"),
-            3.0
-        );
+    let sums = init_ranks(vec![base.clone().transports(spelled), base], |c| {
+        let mut v = [c.rank() as f32 + 1.0];
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        Ok(v[0])
+    });
+    for sum in sums {
+        assert_eq!(sum.expect("spelled-out transports"), 3.0);
     }
 }
 

@@ -29,7 +29,8 @@ use crate::tune::{self, LinkKind};
 use crate::types::Rank;
 
 /// How a communicator finds its peers: the store, its namespace in it, the job secret, and for
-/// ranks inside one process the loopback hub.
+/// ranks inside one process the loopback hub. A clone shares the store server.
+#[derive(Clone)]
 pub(crate) struct Boot {
     store: Arc<dyn Store>,
     prefix: String,
@@ -84,19 +85,6 @@ impl Boot {
         }
     }
 
-    /// Another handle on this `Boot` (the same namespace and store server), kept by
-    /// [`init`] for [`Boot::failed`].
-    fn keeper(&self) -> Boot {
-        Boot {
-            store: self.store.clone(),
-            prefix: self.prefix.clone(),
-            secret: self.secret.clone(),
-            hub: self.hub.clone(),
-            store_addr: self.store_addr,
-            _server: self._server.clone(),
-        }
-    }
-
     /// Rank `rank`'s creation failed with `e`: where it had not published its connection
     /// information yet (`published`), a record saying so in its place, so that the others
     /// fail naming it instead of waiting for it; then it counts as done with its setup, and a
@@ -122,12 +110,8 @@ impl Boot {
     /// The same store and secret, in a sub-namespace (for split communicators).
     pub(crate) fn child(&self, name: &str) -> Boot {
         Boot {
-            store: self.store.clone(),
             prefix: format!("{}/{name}", self.prefix),
-            secret: self.secret.clone(),
-            hub: self.hub.clone(),
-            store_addr: self.store_addr,
-            _server: self._server.clone(),
+            ..self.clone()
         }
     }
 }
@@ -333,7 +317,7 @@ fn claimed_twice(mut e: Error, boot: &Boot, size: usize) -> Error {
 /// keeps it up a little longer (at most 2 s) for the others to find out, where they were told
 /// the store closed.
 pub(crate) fn init(boot: Boot, rank: Rank, size: usize, config: Config) -> Result<Communicator> {
-    let keeper = boot.keeper();
+    let keeper = boot.clone();
     let linger = config.timeout.min(Duration::from_secs(2));
     let mut published = false;
     let result = init_inner(boot, rank, size, config, &mut published);
@@ -552,10 +536,10 @@ fn init_inner(
             .into_iter()
             .find(|k| Some(&k.name().as_bytes()[0]) == code)
     };
+    // Without an area only the link kinds are wanted, usually all in rank 0's key: a job of
+    // many ranks over several hosts makes one request here, not one per rank.
+    let one_host = hosts.count() == 1;
     for k in &keys {
-        // Without an area only the link kinds are wanted, usually all in rank 0's key: a job
-        // of many ranks over several hosts makes one request here, not one per rank.
-        let one_host = hosts.count() == 1;
         if group.is_none() && job_local.is_some() && (job_remote.is_some() || one_host) {
             break;
         }
